@@ -1,0 +1,31 @@
+# Two entry points do all set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-fast bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# The CPU build of torch first, so the dev extra does not pull CUDA wheels.
+	$(PY) -m pip install -q "torch==2.13.0" || $(PY) -m pip install -q torch
+	$(PY) -m pip install -q -e ".[tf,dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/jaxport demo
+
+# Full suite, slow model-zoo tests included (this is what CI runs).
+test: $(STAMP)
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -n 2 -m "slow or not slow" --durations=15
+
+test-fast: $(STAMP)
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -n 2
+
+bench: $(STAMP)
+	$(PY) benchmarks/convert_bench.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info

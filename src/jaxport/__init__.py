@@ -1,0 +1,19 @@
+"""jaxport: move TensorFlow work into JAX.
+
+`import jaxport as tf2jax` works for code written against tf2jax.
+"""
+from jaxport.config import get_config, override_config, update_config
+from jaxport.convert import (ConvertedFunction, Variable, convert, convert_from_restored,
+                             convert_functional, convert_functional_from_restored,
+                             get_unsupported_operations)
+from jaxport.errors import (DtypeMismatchError, JaxportError, MissingInputError, ShapeMismatchError,
+                            SignatureError, UnsupportedOperationsError)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "convert", "convert_functional", "convert_from_restored", "convert_functional_from_restored",
+    "get_unsupported_operations", "get_config", "update_config", "override_config",
+    "MissingInputError", "UnsupportedOperationsError", "ShapeMismatchError", "DtypeMismatchError",
+    "SignatureError", "JaxportError", "ConvertedFunction", "Variable",
+]

@@ -1,0 +1,364 @@
+"""tf2jax-compatible entry points: TF functions, Keras models, SavedModels → JAX."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tree
+
+from jaxport import config as _config
+from jaxport.convert.graph import FuncAttr, GraphFunction, Library, decode_nodes
+from jaxport.convert.interpreter import Runtime, VariableRef, run_function
+from jaxport.convert.registry import supported_ops
+from jaxport.errors import (DtypeMismatchError, MissingInputError, ShapeMismatchError,
+                            SignatureError, UnsupportedOperationsError)
+
+RANDOM_OPS = frozenset({
+    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+    "RandomShuffle", "Multinomial", "RandomGamma", "RandomPoisson", "RandomPoissonV2",
+    "StatelessRandomUniform", "StatelessRandomUniformV2", "StatelessRandomUniformInt",
+    "StatelessRandomUniformIntV2", "StatelessRandomUniformFullInt",
+    "StatelessRandomUniformFullIntV2", "StatelessRandomNormal", "StatelessRandomNormalV2",
+    "StatelessTruncatedNormal", "StatelessTruncatedNormalV2", "StatelessMultinomial",
+    "StatelessRandomGetKeyCounter", "StatelessRandomGetKeyCounterAlg",
+})
+
+
+class Variable(np.ndarray):
+  """A parameter value that remembers its TF variable's name and `trainable` flag."""
+
+  def __new__(cls, value, *, name: str = "", trainable: bool = True):
+    obj = np.asarray(value).view(cls)
+    obj.name, obj.trainable = name, trainable
+    return obj
+
+  def __array_finalize__(self, obj):
+    self.name = getattr(obj, "name", "")
+    self.trainable = getattr(obj, "trainable", True)
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+  path: str
+  shape: tuple[int | None, ...] | None
+  dtype: np.dtype
+
+
+class ConvertedFunction:
+  """`f(params, *args, rng=None, **kwargs) -> (outputs, new_params)`.
+
+  Attributes: `params` holds the initial values (as `Variable`s), `trainable`
+  maps each parameter to its flag, `requires_rng` says whether `rng` is needed.
+  """
+
+  def __init__(self, graph: GraphFunction, library: Library, *, input_specs, static_leaves,
+               input_structure, captures, output_structure, output_leaves, param_keys,
+               config, requires_rng, name):
+    self._graph, self._library = graph, library
+    self._input_specs = input_specs          # one per tensor leaf of (args, kwargs)
+    self._static_leaves = static_leaves      # leaf index -> value kept static at trace time
+    self._input_structure = input_structure
+    self._captures = captures                # VariableRef or constant, per captured input
+    self._output_structure = output_structure
+    self._output_leaves = output_leaves      # index into graph outputs, or ("static", value)
+    self.param_keys = tuple(param_keys)
+    self._config = config
+    self.requires_rng = requires_rng
+    self.__name__ = name
+
+  def __call__(self, params, *args, rng=None, **kwargs):
+    params = dict(params) if params is not None else {}
+    missing = [k for k in self.param_keys if k not in params]
+    if missing:
+      raise MissingInputError(f"params is missing {len(missing)} parameter(s): {', '.join(missing)}. "
+                              "Pass the params returned by jaxport.convert.")
+    if self.requires_rng and rng is None:
+      raise MissingInputError("this function uses random ops and needs a PRNG key: pass rng=jax.random.key(seed)")
+    inputs = self._flatten_inputs(args, kwargs)
+    state = {k: jnp.asarray(params[k]) for k in self.param_keys}
+    runtime = Runtime(self._library, self._config, state, rng)
+    outs = run_function(self._graph, inputs + list(self._captures), runtime)
+    leaves = [leaf[1] if isinstance(leaf, tuple) else jnp.asarray(outs[leaf]) for leaf in self._output_leaves]
+    outputs = tree.unflatten_as(self._output_structure, leaves)
+    new_params = dict(params)
+    new_params.update(runtime.state)
+    return outputs, new_params
+
+  def _flatten_inputs(self, args, kwargs) -> list:
+    leaves = tree.flatten((args, kwargs))
+    n_expected = len(self._input_specs) + len(self._static_leaves)
+    if len(leaves) < n_expected:
+      names = ", ".join(s.path for s in self._input_specs)
+      raise MissingInputError(f"expected {n_expected} input leaves ({names}), got {len(leaves)}; "
+                              "call with the same structure of arguments used for conversion.")
+    try:
+      tree.assert_same_structure(self._input_structure, (args, kwargs), check_types=False)
+    except (ValueError, TypeError) as e:
+      raise MissingInputError(f"inputs do not match the traced structure: {e}") from None
+    tensors = [x for i, x in enumerate(leaves) if i not in self._static_leaves]
+    out = []
+    for spec, x in zip(self._input_specs, tensors):
+      x = jnp.asarray(x) if not hasattr(x, "shape") or not hasattr(x, "dtype") else x
+      self._check_input(spec, x)
+      out.append(jnp.asarray(x))
+    return out
+
+  def _check_input(self, spec: InputSpec, x) -> None:
+    if self._config["strict_shape_check"] and spec.shape is not None:
+      got = tuple(x.shape)
+      if len(got) != len(spec.shape) or any(e is not None and e != g for e, g in zip(spec.shape, got)):
+        expected = tuple("None" if d is None else d for d in spec.shape)
+        raise ShapeMismatchError(
+            f"input {spec.path}: expected shape {expected}, got {got}. Convert with a TensorSpec whose "
+            "free dims are None, or disable the check with override_config('strict_shape_check', False).")
+    if self._config["strict_dtype_check"] and np.dtype(x.dtype) != spec.dtype:
+      raise DtypeMismatchError(f"input {spec.path}: expected dtype {spec.dtype}, got {np.dtype(x.dtype)}.")
+
+
+# --------------------------------------------------------------------------- tracing
+
+
+def _tf():
+  try:
+    import tensorflow as tf
+  except ImportError as e:
+    raise ImportError("converting TensorFlow functions needs TensorFlow: pip install 'jaxport[tf]'") from e
+  return tf
+
+
+def _is_keras_object(fn) -> bool:
+  mod = type(fn).__module__
+  return (mod.startswith(("keras", "tf_keras")) or "keras" in mod) and callable(fn)
+
+
+def _keras_variable_paths(obj) -> dict[int, str]:
+  """Keras 3 variables are named by path (`dense/kernel`); map handle id -> path."""
+  paths = {}
+  for v in getattr(obj, "variables", None) or []:
+    path = getattr(v, "path", None)
+    tf_var = getattr(v, "_value", None)
+    if path and tf_var is not None and hasattr(tf_var, "handle"):
+      paths[id(tf_var.handle)] = path
+  return paths
+
+
+def _to_spec(x):
+  tf = _tf()
+  if isinstance(x, tf.TensorSpec):
+    return x
+  if isinstance(x, (bool, str, bytes)) or x is None:
+    return x  # static: becomes part of the trace, not an input
+  if isinstance(x, float):
+    return tf.TensorSpec((), tf.float32)
+  if isinstance(x, int):
+    return tf.TensorSpec((), tf.int32)
+  if isinstance(x, tf.Tensor):
+    return tf.TensorSpec(x.shape, x.dtype)
+  if hasattr(x, "shape") and hasattr(x, "dtype"):
+    return tf.TensorSpec(tuple(x.shape), tf.as_dtype(np.dtype(x.dtype)))
+  arr = np.asarray(x)
+  return tf.TensorSpec(arr.shape, tf.as_dtype(arr.dtype))
+
+
+def _concrete_function(fn, args, kwargs):
+  tf = _tf()
+  paths = {}
+  if isinstance(fn, tf.types.experimental.ConcreteFunction):
+    return fn, paths
+  if _is_keras_object(fn) and not hasattr(fn, "get_concrete_function"):
+    paths = _keras_variable_paths(fn)
+    model = fn
+    fn = tf.function(lambda *a, **k: model(*a, **k))
+  elif not hasattr(fn, "get_concrete_function"):
+    fn = tf.function(fn)
+  spec_args, spec_kwargs = tree.map_structure(_to_spec, (tuple(args), dict(kwargs)))
+  return fn.get_concrete_function(*spec_args, **spec_kwargs), paths
+
+
+def _path_name(path) -> str:
+  if not path:
+    return "input"
+  head, *rest = path
+  name = f"args[{rest[0]}]" if head == 0 and rest else (repr(rest[0]) if rest else "kwargs")
+  if head == 1 and rest:
+    name = str(rest[0])
+  for p in rest[1:]:
+    name += f"[{p!r}]"
+  return name
+
+
+def _unsupported(graph: GraphFunction, library: Library) -> dict[str, list[str]]:
+  """Every op type without a rule, with the nodes that use it, across called functions."""
+  known = supported_ops()
+  missing: dict[str, list[str]] = {}
+  seen: set[str] = set()
+  pending = [graph]
+  while pending:
+    fn = pending.pop()
+    for node in fn.live_nodes():
+      if node.op not in known and node.op not in ("Placeholder", "_Arg"):
+        label = node.name if fn is graph else f"{fn.name}/{node.name}"
+        missing.setdefault(node.op, []).append(label)
+      for value in node.attrs.values():
+        for f in (value if isinstance(value, list) else [value]):
+          if isinstance(f, FuncAttr) and f.name not in seen:
+            seen.add(f.name)
+            if f.name in library:
+              pending.append(library[f.name])
+            else:
+              missing.setdefault(f"<missing function {f.name}>", []).append(node.name)
+      if node.op in library and node.op not in seen:   # direct function-name ops
+        seen.add(node.op)
+        pending.append(library[node.op])
+  return missing
+
+
+def _uses_random(graph: GraphFunction, library: Library) -> bool:
+  ops = {n.op for n in graph.live_nodes()}
+  for name in library.names():
+    ops |= {n.op for n in library[name].nodes.values()}
+  return bool(ops & RANDOM_OPS)
+
+
+def _from_concrete(cf, keras_paths: dict[int, str], input_structure, static_leaves) -> tuple[ConvertedFunction, dict]:
+  tf = _tf()
+  graph_def = cf.graph.as_graph_def()
+  library = Library(graph_def.library.function)
+  nodes = decode_nodes(graph_def.node)
+
+  captured_ids = {id(t) for t in cf.captured_inputs}
+  n_user = len(cf.inputs) - len(cf.captured_inputs)
+  user_inputs, captured_inputs = cf.inputs[:n_user], cf.inputs[n_user:]
+
+  # Captured inputs: variables become params, captured tensors become constants.
+  variables = {id(v.handle): v for v in cf.variables}
+  by_internal = {id(internal): external for external, internal in cf.graph.captures}
+  captures, params, used_keys = [], {}, set()
+  for internal in captured_inputs:
+    external = by_internal.get(id(internal))
+    if external is None:
+      raise TypeError(f"captured input {internal.name} has no external value")
+    if external.dtype == tf.resource:
+      var = variables.get(id(external))
+      if var is None:
+        raise TypeError(f"captured resource {internal.name} is not a tf.Variable (tables and iterators "
+                        "cannot be converted); pass its contents as an input instead")
+      key = keras_paths.get(id(external)) or var.name.split(":")[0]
+      base, n = key, 1
+      while key in used_keys:
+        key, n = f"{base}_{n}", n + 1
+      used_keys.add(key)
+      params[key] = Variable(var.numpy(), name=var.name, trainable=var.trainable)
+      captures.append(VariableRef(key))
+    else:
+      captures.append(np.asarray(external.numpy()))
+  del captured_ids
+
+  graph_inputs = [t.op.name for t in cf.inputs]
+  out_flat = tree.flatten(cf.structured_outputs)
+  out_names = {t.name: i for i, t in enumerate(cf.outputs)}
+  output_refs, output_leaves = [], []
+  for leaf in out_flat:
+    if isinstance(leaf, tf.Tensor):
+      if leaf.name in out_names:
+        ref = cf.outputs[out_names[leaf.name]]
+      else:
+        ref = leaf
+      output_leaves.append(len(output_refs))
+      output_refs.append((ref.op.name, ref.value_index))
+    elif hasattr(leaf, "_type_spec"):
+      raise TypeError(f"output {leaf!r} is a composite tensor; return dense tensors instead")
+    else:
+      output_leaves.append(("static", leaf))
+  graph = GraphFunction("main", nodes, graph_inputs, output_refs, [])
+
+  missing = _unsupported(graph, library)
+  if missing:
+    raise UnsupportedOperationsError(missing)
+
+  specs = []
+  leaf_paths = [p for i, (p, _) in enumerate(tree.flatten_with_path(input_structure)) if i not in static_leaves]
+  for path, t in zip(leaf_paths, user_inputs):
+    shape = None if t.shape.rank is None else tuple(t.shape.as_list())
+    specs.append(InputSpec(_path_name(path), shape, np.dtype(t.dtype.as_numpy_dtype)))
+
+  conf = _config.snapshot()
+  jax_fn = ConvertedFunction(
+      graph, library, input_specs=specs, static_leaves=static_leaves, input_structure=input_structure,
+      captures=captures, output_structure=cf.structured_outputs, output_leaves=output_leaves,
+      param_keys=list(params), config=conf, requires_rng=_uses_random(graph, library),
+      name=getattr(cf, "name", "converted"))
+  jax_fn.params = params
+  jax_fn.trainable = {k: bool(v.trainable) for k, v in params.items()}
+  return jax_fn, params
+
+
+def _static_leaf_indices(args, kwargs) -> dict[int, Any]:
+  return {i: x for i, x in enumerate(tree.flatten((tuple(args), dict(kwargs))))
+          if isinstance(x, (bool, str, bytes)) or x is None}
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def convert(fn: Callable, *args, **kwargs) -> tuple[ConvertedFunction, dict[str, Variable]]:
+  """Converts `fn` (tf.function, Python callable of TF ops, Keras model, restored
+  SavedModel function) traced with example `args`/`kwargs` (arrays or TensorSpecs).
+
+  Returns `(jax_fn, params)` where `jax_fn(params, *args, rng=None, **kwargs)`
+  returns `(outputs, new_params)`.
+  """
+  cf, paths = _concrete_function(fn, args, kwargs)
+  structure = (tuple(args), dict(kwargs))
+  return _from_concrete(cf, paths, structure, _static_leaf_indices(args, kwargs))
+
+
+def _functional(jax_fn: ConvertedFunction, params: dict):
+  if params:
+    raise ValueError(f"the function captures {len(params)} variable(s) ({', '.join(list(params)[:5])}"
+                     f"{', ...' if len(params) > 5 else ''}); use jaxport.convert, which returns them as params.")
+
+  def functional(*args, rng=None, **kwargs):
+    return jax_fn({}, *args, rng=rng, **kwargs)[0]
+
+  functional.__name__ = jax_fn.__name__
+  functional.requires_rng = jax_fn.requires_rng
+  return functional
+
+
+def convert_functional(fn: Callable, *args, **kwargs) -> Callable:
+  """Like `convert` for functions that capture no variables: returns `f(*args, rng=None, **kwargs)`."""
+  return _functional(*convert(fn, *args, **kwargs))
+
+
+def _single_concrete(restored_fn):
+  tf = _tf()
+  if isinstance(restored_fn, tf.types.experimental.ConcreteFunction):
+    return restored_fn
+  concrete = list(getattr(restored_fn, "concrete_functions", None) or [])
+  if not concrete and hasattr(restored_fn, "_list_all_concrete_functions_for_serialization"):
+    concrete = restored_fn._list_all_concrete_functions_for_serialization()
+  if len(concrete) != 1:
+    sigs = "\n".join(f"  {cf.structured_input_signature}" for cf in concrete) or "  (none)"
+    raise SignatureError(f"expected exactly one concrete signature, found {len(concrete)}:\n{sigs}\n"
+                         "Use jaxport.convert(restored_fn, *example_args) to pick one by tracing.")
+  return concrete[0]
+
+
+def convert_from_restored(restored_fn) -> tuple[ConvertedFunction, dict[str, Variable]]:
+  """Converts a restored SavedModel function with a single concrete signature, without retracing."""
+  cf = _single_concrete(restored_fn)
+  args, kwargs = cf.structured_input_signature
+  return _from_concrete(cf, {}, (tuple(args), dict(kwargs)), _static_leaf_indices(args, kwargs))
+
+
+def convert_functional_from_restored(restored_fn) -> Callable:
+  return _functional(*convert_from_restored(restored_fn))
+
+
+def get_unsupported_operations(op_names) -> set[str]:
+  """The op names in `op_names` that jaxport cannot convert."""
+  return set(op_names) - supported_ops()

@@ -1,0 +1,212 @@
+"""A TF-free view of a GraphDef and its function library.
+
+Protos are decoded once, at conversion time, into plain Python: dtypes become
+NumPy dtypes, tensors become NumPy arrays, functions are referred to by name.
+Running a converted function never touches TensorFlow.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+# Non-numeric TF dtypes keep their name; everything else is a NumPy dtype.
+RESOURCE = "resource"
+VARIANT = "variant"
+
+
+@dataclasses.dataclass(frozen=True)
+class FuncAttr:
+  """A function-valued attribute (`then_branch`, `body`, `f`, ...)."""
+  name: str
+  attrs: dict[str, Any]
+
+
+@dataclasses.dataclass
+class Node:
+  name: str
+  op: str
+  inputs: list[tuple[str, int]]   # (producer node, output index)
+  control_inputs: list[str]
+  attrs: dict[str, Any]
+
+
+@dataclasses.dataclass
+class GraphFunction:
+  """One graph (the top level or a library function) ready to interpret."""
+  name: str
+  nodes: dict[str, Node]
+  inputs: list[str]                 # placeholder node names, in argument order
+  outputs: list[tuple[str, int]]
+  control_outputs: list[str] = dataclasses.field(default_factory=list)
+  _schedule: Any = None
+
+  def schedule(self):
+    """Live nodes in topological order, and which values die after each node.
+
+    Only nodes that the outputs (or control outputs) depend on are kept, so dead
+    nodes never run. Values are freed after their last consumer.
+    """
+    if self._schedule is None:
+      self._schedule = _make_schedule(self)
+    return self._schedule
+
+  def live_nodes(self):
+    return [self.nodes[name] for name, _ in self.schedule()[0]]
+
+
+def _make_schedule(fn: GraphFunction):
+  roots = [n for n, _ in fn.outputs] + list(fn.control_outputs)
+  order: list[str] = []
+  state: dict[str, int] = {}   # 1 = visiting, 2 = done
+  for root in roots:
+    stack = [(root, False)]
+    while stack:
+      name, expanded = stack.pop()
+      if expanded:
+        state[name] = 2
+        order.append(name)
+        continue
+      if state.get(name):
+        continue
+      state[name] = 1
+      stack.append((name, True))
+      node = fn.nodes[name]
+      for dep in [src for src, _ in node.inputs] + node.control_inputs:
+        if not state.get(dep):
+          stack.append((dep, False))
+  keep = {n for n, _ in fn.outputs}
+  last_use: dict[str, int] = {}
+  for i, name in enumerate(order):
+    for src, _ in fn.nodes[name].inputs:
+      last_use[src] = i
+  frees: list[list[str]] = [[] for _ in order]
+  for src, i in last_use.items():
+    if src not in keep:
+      frees[i].append(src)
+  return list(zip(order, frees)), set(order)
+
+
+def parse_tensor_name(ref: str) -> tuple[str, int]:
+  name, _, idx = ref.partition(":")
+  return name, int(idx) if idx else 0
+
+
+def _decode_dtype(enum: int):
+  import tensorflow as tf
+  dt = tf.dtypes.as_dtype(enum)
+  if dt == tf.resource:
+    return RESOURCE
+  if dt == tf.variant:
+    return VARIANT
+  if dt == tf.string:
+    return np.dtype(object)
+  return np.dtype(dt.as_numpy_dtype)
+
+
+def _decode_shape(proto) -> tuple[int | None, ...] | None:
+  if proto.unknown_rank:
+    return None
+  return tuple(None if d.size < 0 else int(d.size) for d in proto.dim)
+
+
+def _decode_tensor(proto) -> np.ndarray:
+  import tensorflow as tf
+  if proto.dtype in (tf.resource.as_datatype_enum, tf.variant.as_datatype_enum):
+    raise TypeError(f"constant tensors of dtype {tf.dtypes.as_dtype(proto.dtype).name} cannot be converted")
+  return tf.make_ndarray(proto)
+
+
+def _decode_str(raw: bytes):
+  try:
+    return raw.decode("utf-8")
+  except UnicodeDecodeError:
+    return raw
+
+
+def decode_attr(value) -> Any:
+  kind = value.WhichOneof("value")
+  if kind == "list":
+    lst = value.list
+    for field, fn in (("s", _decode_str), ("i", int), ("f", float), ("b", bool),
+                      ("type", _decode_dtype), ("shape", _decode_shape),
+                      ("tensor", _decode_tensor),
+                      ("func", lambda f: FuncAttr(f.name, {k: decode_attr(v) for k, v in f.attr.items()}))):
+      items = getattr(lst, field)
+      if len(items):
+        return [fn(x) for x in items]
+    return []
+  if kind is None:
+    return None
+  raw = getattr(value, kind)
+  if kind == "s":
+    return _decode_str(raw)
+  if kind in ("i", "f", "b"):
+    return raw
+  if kind == "type":
+    return _decode_dtype(raw)
+  if kind == "shape":
+    return _decode_shape(raw)
+  if kind == "tensor":
+    return _decode_tensor(raw)
+  if kind == "func":
+    return FuncAttr(raw.name, {k: decode_attr(v) for k, v in raw.attr.items()})
+  if kind == "placeholder":
+    return raw
+  raise TypeError(f"unknown attr kind {kind}")
+
+
+def decode_nodes(node_defs) -> dict[str, Node]:
+  nodes = {}
+  for nd in node_defs:
+    inputs, controls = [], []
+    for ref in nd.input:
+      if ref.startswith("^"):
+        controls.append(ref[1:])
+      else:
+        inputs.append(parse_tensor_name(ref))
+    attrs = {}
+    for key, val in nd.attr.items():
+      if key.startswith("_") and key not in ("_output_shapes",):
+        continue
+      try:
+        attrs[key] = decode_attr(val)
+      except TypeError as e:
+        attrs[key] = e  # decoded lazily: only an op rule that reads it fails
+    nodes[nd.name] = Node(nd.name, nd.op, inputs, controls, attrs)
+  return nodes
+
+
+class Library:
+  """The function library of a GraphDef: FunctionDefs decoded on first use."""
+
+  def __init__(self, fdefs):
+    self._fdefs = {f.signature.name: f for f in fdefs}
+    self._decoded: dict[str, GraphFunction] = {}
+
+  def __contains__(self, name: str) -> bool:
+    return name in self._fdefs
+
+  def names(self):
+    return list(self._fdefs)
+
+  def __getitem__(self, name: str) -> GraphFunction:
+    if name not in self._decoded:
+      if name not in self._fdefs:
+        raise KeyError(f"function {name!r} is not in the graph's library")
+      self._decoded[name] = _decode_function(self._fdefs[name])
+    return self._decoded[name]
+
+
+def _decode_function(fdef) -> GraphFunction:
+  from tensorflow.python.framework import function_def_to_graph
+  graph_def, flat_names = function_def_to_graph.function_def_to_graph_def(fdef)
+  nodes = decode_nodes(graph_def.node)
+  inputs = [arg.name for arg in fdef.signature.input_arg]
+  outputs = []
+  for arg in fdef.signature.output_arg:
+    ref = fdef.ret[arg.name]
+    outputs.append(parse_tensor_name(flat_names.get(ref, ref)))
+  controls = [fdef.control_ret[arg] for arg in fdef.signature.control_output]
+  return GraphFunction(fdef.signature.name, nodes, inputs, outputs, controls)

@@ -1,0 +1,1 @@
+"""Op rules: shapes, slicing, gathering, scattering and other array plumbing."""

@@ -1,0 +1,1 @@
+"""Op rules: function calls, While, If and Case."""

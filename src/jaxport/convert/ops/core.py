@@ -1,0 +1,68 @@
+"""Graph plumbing: constants, identities, gradient barriers."""
+import warnings
+
+import jax
+import ml_dtypes
+import numpy as np
+
+from jaxport.convert.registry import register
+
+
+@register("Const")
+def const(ctx):
+  value = ctx.attr("value")
+  if value.dtype == np.float32 and ctx.config["force_const_float32_to_bfloat16"]:
+    value = value.astype(ml_dtypes.bfloat16)
+  elif value.dtype == np.float64 and ctx.config["force_const_float64_to_bfloat16"]:
+    value = value.astype(ml_dtypes.bfloat16)
+  return value
+
+
+@register("Identity", "Snapshot", "EnsureShape", "CheckNumerics")
+def identity(ctx, x, *_):
+  return x
+
+
+@register("IdentityN")
+def identity_n(ctx, *xs):
+  return list(xs)
+
+
+@register("NoOp")
+def no_op(ctx, *_):
+  return ()
+
+
+@register("PlaceholderWithDefault")
+def placeholder_with_default(ctx, default):
+  return default
+
+
+@register("StopGradient")
+def stop_gradient(ctx, x):
+  return jax.lax.stop_gradient(x)
+
+
+@register("PreventGradient")
+def prevent_gradient(ctx, x):
+  message = ctx.attr("message", "") or f"gradient of {ctx.name!r} is not allowed"
+  if not ctx.config["raise_on_prevent_gradient"]:
+    warnings.warn(f"PreventGradient {ctx.name!r} ({message}) lets gradients through because "
+                  "raise_on_prevent_gradient is off.", stacklevel=2)
+    return x
+  return _prevented(message)(x)
+
+
+def _prevented(message: str):
+  @jax.custom_vjp
+  def fn(x):
+    return x
+
+  def fwd(x):
+    return x, None
+
+  def bwd(_, g):
+    raise LookupError(f"Gradient explicitly disabled. Reason: {message}")
+
+  fn.defvjp(fwd, bwd)
+  return fn

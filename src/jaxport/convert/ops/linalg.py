@@ -1,0 +1,1 @@
+"""Op rules: matrix products."""

@@ -1,0 +1,1 @@
+"""Op rules: elementwise math, comparisons, logical ops and casts."""

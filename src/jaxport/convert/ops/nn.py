@@ -1,0 +1,1 @@
+"""Op rules: convolutions, pooling, normalisation, activations, softmax and losses."""

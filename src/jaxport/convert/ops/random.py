@@ -1,0 +1,1 @@
+"""Op rules: random number generation from the `rng` key."""

@@ -1,0 +1,1 @@
+"""Op rules: reductions, arg-reductions and cumulative ops."""

@@ -1,0 +1,40 @@
+"""Resource variables: reads and the assignments that become `new_params`."""
+from jaxport.convert.interpreter import VariableRef
+from jaxport.convert.registry import register
+
+
+@register("ReadVariableOp")
+def read_variable(ctx, ref):
+  return ctx.runtime.read_variable(ref)
+
+
+@register("AssignVariableOp")
+def assign_variable(ctx, ref, value):
+  ctx.runtime.assign_variable(ref, value.astype(ctx.runtime.read_variable(ref).dtype))
+  return ()
+
+
+@register("AssignAddVariableOp")
+def assign_add_variable(ctx, ref, delta):
+  old = ctx.runtime.read_variable(ref)
+  ctx.runtime.assign_variable(ref, (old + delta).astype(old.dtype))
+  return ()
+
+
+@register("AssignSubVariableOp")
+def assign_sub_variable(ctx, ref, delta):
+  old = ctx.runtime.read_variable(ref)
+  ctx.runtime.assign_variable(ref, (old - delta).astype(old.dtype))
+  return ()
+
+
+@register("VarHandleOp")
+def var_handle(ctx):
+  # Graph-level handles (TF1-style and restored graphs) are keyed by shared_name.
+  return VariableRef(ctx.attr("shared_name") or ctx.name)
+
+
+@register("VarIsInitializedOp")
+def var_is_initialized(ctx, ref):
+  import numpy as np
+  return np.bool_(True)

@@ -1,0 +1,1 @@
+"""Op rules: TensorList (the TensorArray of TF2)."""

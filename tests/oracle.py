@@ -1,0 +1,107 @@
+"""TF as the oracle: differential checks shared by every converter test.
+
+`check(fn, *args)` converts `fn`, then compares with TF:
+  * outputs, without and with `jax.jit`;
+  * gradients of a random projection of the outputs w.r.t. float inputs, against
+    `tf.GradientTape` (when `grad=True`);
+  * `jax.vmap` over a stack of inputs, against TF run per example (when `vmap=True`).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tensorflow as tf
+import tree
+
+import jaxport
+
+
+def _np(x):
+  return np.asarray(x.numpy() if hasattr(x, "numpy") else x)
+
+
+def _is_float(x) -> bool:
+  return np.issubdtype(np.asarray(x).dtype, np.floating)
+
+
+def assert_close(actual, expected, atol, rtol, what=""):
+  tree.assert_same_structure(expected, actual, check_types=False)
+  for a, e in zip(tree.flatten(actual), tree.flatten(expected)):
+    a, e = _np(a), _np(e)
+    assert a.shape == e.shape, f"{what}: shape {a.shape} != TF {e.shape}"
+    if e.dtype.kind in "fc" or e.dtype.name == "bfloat16":
+      np.testing.assert_allclose(a.astype(np.float64), e.astype(np.float64), atol=atol, rtol=rtol, err_msg=what)
+    else:
+      assert a.dtype == e.dtype, f"{what}: dtype {a.dtype} != TF {e.dtype}"
+      np.testing.assert_array_equal(a, e, err_msg=what)
+
+
+def check(fn, *args, atol=1e-5, rtol=1e-5, grad=True, vmap=True, jit=True, grad_atol=None, rng=None):
+  """Converts `fn` and checks it against TF. Returns the converted function."""
+  tf_fn = tf.function(fn)
+  expected = tf_fn(*args)
+  jax_fn, params = jaxport.convert(fn, *args)
+  call = lambda *a: jax_fn(params, *a, rng=rng)[0]
+  assert_close(call(*args), expected, atol, rtol, "eager")
+  if jit:
+    assert_close(jax.jit(call)(*args), expected, atol, rtol, "jit")
+  float_idx = [i for i, a in enumerate(args) if _is_float(a)]
+  if grad and float_idx and any(_is_float(o) for o in tree.flatten(expected)):
+    _check_grad(tf_fn, call, args, float_idx, expected, grad_atol or max(atol, 1e-4), rtol)
+  if vmap:
+    _check_vmap(tf_fn, call, args, atol, rtol)
+  return jax_fn
+
+
+def _projection(expected):
+  rs = np.random.RandomState(0)
+  return [rs.normal(size=np.shape(_np(e))).astype(_np(e).dtype) if _is_float(e) else None
+          for e in tree.flatten(expected)]
+
+
+def _check_grad(tf_fn, call, args, float_idx, expected, atol, rtol):
+  weights = _projection(expected)
+
+  def tf_loss(*xs):
+    outs = tree.flatten(tf_fn(*xs))
+    return tf.add_n([tf.reduce_sum(tf.cast(o, tf.float64) * w.astype(np.float64))
+                     for o, w in zip(outs, weights) if w is not None])
+
+  tf_args = [tf.constant(a) for a in args]
+  with tf.GradientTape() as tape:
+    for i in float_idx:
+      tape.watch(tf_args[i])
+    loss = tf_loss(*tf_args)
+  tf_grads = tape.gradient(loss, [tf_args[i] for i in float_idx])
+
+  def jax_loss(*floats):
+    full = list(args)
+    for i, f in zip(float_idx, floats):
+      full[i] = f
+    outs = tree.flatten(call(*full))
+    return sum(jnp.sum(o.astype(jnp.float64 if jax.config.jax_enable_x64 else jnp.float32) * w)
+               for o, w in zip(outs, weights) if w is not None)
+
+  floats = [jnp.asarray(args[i]) for i in float_idx]
+  jax_grads = jax.grad(jax_loss, argnums=tuple(range(len(floats))))(*floats)
+  for i, g_tf, g_jax in zip(float_idx, tf_grads, jax_grads):
+    expected_g = np.zeros_like(_np(args[i])) if g_tf is None else _np(g_tf)
+    assert_close(g_jax, expected_g, atol, rtol, f"grad wrt arg {i}")
+
+
+def _check_vmap(tf_fn, call, args, atol, rtol, batch=3):
+  rs = np.random.RandomState(1)
+
+  def perturb(a, k):
+    a = np.asarray(a)
+    if k == 0:
+      return a
+    if a.dtype.kind == "f":
+      return (a + 0.1 * k * rs.normal(size=a.shape)).astype(a.dtype)
+    return a
+
+  stacked = [np.stack([perturb(a, k) for k in range(batch)]) for a in args]
+  per_example = [tf_fn(*[s[k] for s in stacked]) for k in range(batch)]
+  expected = tree.map_structure(lambda *xs: np.stack([_np(x) for x in xs]), *per_example)
+  assert_close(jax.vmap(call)(*stacked), expected, atol, rtol, "vmap")
