@@ -51,7 +51,8 @@ class ConvertedFunction:
   """`f(params, *args, rng=None, **kwargs) -> (outputs, new_params)`.
 
   Attributes: `params` holds the initial values (as `Variable`s), `trainable`
-  maps each parameter to its flag, `requires_rng` says whether `rng` is needed.
+  maps each parameter to its flag, `tf_variables` to its source tf.Variable,
+  `requires_rng` says whether `rng` is needed.
   """
 
   def __init__(self, graph: GraphFunction, library: Library, *, input_specs, static_leaves,
@@ -110,7 +111,7 @@ class ConvertedFunction:
     if self._config["strict_shape_check"] and spec.shape is not None:
       got = tuple(x.shape)
       if len(got) != len(spec.shape) or any(e is not None and e != g for e, g in zip(spec.shape, got)):
-        expected = tuple("None" if d is None else d for d in spec.shape)
+        expected = "(" + ", ".join(str(d) for d in spec.shape) + ("," if len(spec.shape) == 1 else "") + ")"
         raise ShapeMismatchError(
             f"input {spec.path}: expected shape {expected}, got {got}. Convert with a TensorSpec whose "
             "free dims are None, or disable the check with override_config('strict_shape_check', False).")
@@ -223,20 +224,44 @@ def _uses_random(graph: GraphFunction, library: Library) -> bool:
   return bool(ops & RANDOM_OPS)
 
 
-def _from_concrete(cf, keras_paths: dict[int, str], input_structure, static_leaves) -> tuple[ConvertedFunction, dict]:
+def _decode_graph(cf):
+  """The top-level graph of a concrete function, its library, and how outputs map to it."""
   tf = _tf()
   graph_def = cf.graph.as_graph_def()
   library = Library(graph_def.library.function)
   nodes = decode_nodes(graph_def.node)
+  # cf.outputs holds the tensor leaves of structured_outputs in flattening order
+  # (restored functions describe those leaves with TensorSpecs).
+  output_refs, output_leaves = [], []
+  for leaf in tree.flatten(cf.structured_outputs):
+    if isinstance(leaf, (tf.Tensor, tf.TensorSpec)):
+      ref = cf.outputs[len(output_refs)]
+      output_leaves.append(len(output_refs))
+      output_refs.append((ref.op.name, ref.value_index))
+    elif hasattr(leaf, "_type_spec") or isinstance(leaf, tf.TypeSpec):
+      raise TypeError(f"output {leaf!r} is a composite tensor; return dense tensors instead")
+    else:
+      output_leaves.append(("static", leaf))
+  graph = GraphFunction("main", nodes, [t.op.name for t in cf.inputs], output_refs, [])
+  return graph, library, output_leaves
 
-  captured_ids = {id(t) for t in cf.captured_inputs}
+
+def unsupported_in_concrete(cf) -> dict[str, list[str]]:
+  """Unsupported op types of a concrete function, with the nodes that use them."""
+  graph, library, _ = _decode_graph(cf)
+  return _unsupported(graph, library)
+
+
+def _from_concrete(cf, keras_paths: dict[int, str], input_structure, static_leaves) -> tuple[ConvertedFunction, dict]:
+  tf = _tf()
+  graph, library, output_leaves = _decode_graph(cf)
   n_user = len(cf.inputs) - len(cf.captured_inputs)
   user_inputs, captured_inputs = cf.inputs[:n_user], cf.inputs[n_user:]
 
   # Captured inputs: variables become params, captured tensors become constants.
   variables = {id(v.handle): v for v in cf.variables}
   by_internal = {id(internal): external for external, internal in cf.graph.captures}
-  captures, params, used_keys = [], {}, set()
+  captures, params, used_keys, tf_variables = [], {}, set(), {}
   for internal in captured_inputs:
     external = by_internal.get(id(internal))
     if external is None:
@@ -252,28 +277,10 @@ def _from_concrete(cf, keras_paths: dict[int, str], input_structure, static_leav
         key, n = f"{base}_{n}", n + 1
       used_keys.add(key)
       params[key] = Variable(var.numpy(), name=var.name, trainable=var.trainable)
+      tf_variables[key] = var
       captures.append(VariableRef(key))
     else:
       captures.append(np.asarray(external.numpy()))
-  del captured_ids
-
-  graph_inputs = [t.op.name for t in cf.inputs]
-  out_flat = tree.flatten(cf.structured_outputs)
-  out_names = {t.name: i for i, t in enumerate(cf.outputs)}
-  output_refs, output_leaves = [], []
-  for leaf in out_flat:
-    if isinstance(leaf, tf.Tensor):
-      if leaf.name in out_names:
-        ref = cf.outputs[out_names[leaf.name]]
-      else:
-        ref = leaf
-      output_leaves.append(len(output_refs))
-      output_refs.append((ref.op.name, ref.value_index))
-    elif hasattr(leaf, "_type_spec"):
-      raise TypeError(f"output {leaf!r} is a composite tensor; return dense tensors instead")
-    else:
-      output_leaves.append(("static", leaf))
-  graph = GraphFunction("main", nodes, graph_inputs, output_refs, [])
 
   missing = _unsupported(graph, library)
   if missing:
@@ -288,10 +295,12 @@ def _from_concrete(cf, keras_paths: dict[int, str], input_structure, static_leav
   conf = _config.snapshot()
   jax_fn = ConvertedFunction(
       graph, library, input_specs=specs, static_leaves=static_leaves, input_structure=input_structure,
-      captures=captures, output_structure=cf.structured_outputs, output_leaves=output_leaves,
+      captures=captures, output_structure=tree.map_structure(lambda _: 0, cf.structured_outputs),
+      output_leaves=output_leaves,
       param_keys=list(params), config=conf, requires_rng=_uses_random(graph, library),
-      name=getattr(cf, "name", "converted"))
+      name=str(getattr(cf, "name", "converted")))
   jax_fn.params = params
+  jax_fn.tf_variables = tf_variables   # the TF variable behind each params key
   jax_fn.trainable = {k: bool(v.trainable) for k, v in params.items()}
   return jax_fn, params
 

@@ -41,6 +41,7 @@ class GraphFunction:
   outputs: list[tuple[str, int]]
   control_outputs: list[str] = dataclasses.field(default_factory=list)
   _schedule: Any = None
+  memo: dict = dataclasses.field(default_factory=dict, repr=False)   # per-function caches
 
   def schedule(self):
     """Live nodes in topological order, and which values die after each node.
@@ -184,6 +185,7 @@ class Library:
   def __init__(self, fdefs):
     self._fdefs = {f.signature.name: f for f in fdefs}
     self._decoded: dict[str, GraphFunction] = {}
+    self.memo: dict = {}   # per-library caches of analyses
 
   def __contains__(self, name: str) -> bool:
     return name in self._fdefs

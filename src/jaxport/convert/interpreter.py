@@ -38,6 +38,11 @@ class Runtime:
     self.read_variable(ref)
     self.state[ref.key] = value
 
+  def fork(self, *, state=None, rng=...):
+    """A runtime for a nested trace (a loop body or cond branch)."""
+    return Runtime(self.library, self.config, self.state if state is None else state,
+                   self.rng if rng is ... else rng)
+
   def call(self, fn_name: str, args) -> list:
     """Interprets a library function inline (trace-time inlining)."""
     return run_function(self.library[fn_name], list(args), self)
@@ -90,6 +95,8 @@ def run_function(fn: GraphFunction, args: list, runtime: Runtime) -> list:
     node = fn.nodes[name]
     inputs = [env[src][idx] for src, idx in node.inputs]
     rule = get_rule(node.op)
+    if rule is None and node.op in runtime.library:   # a node whose op is a library function
+      rule = _call_library_op
     if rule is None:
       from jaxport.errors import UnsupportedOperationsError
       raise UnsupportedOperationsError({node.op: [node.name]})
@@ -104,6 +111,10 @@ def run_function(fn: GraphFunction, args: list, runtime: Runtime) -> list:
     for src in frees:
       env.pop(src, None)
   return [env[src][idx] for src, idx in fn.outputs]
+
+
+def _call_library_op(ctx: OpContext, *args):
+  return ctx.runtime.call(ctx.op, args)
 
 
 def is_static(x) -> bool:

@@ -1,1 +1,253 @@
-"""Op rules: function calls, While, If and Case."""
+"""Op rules: function calls, While, If and Case.
+
+Library functions are interpreted inline. Loop variables and branch operands
+split into *static* values (NumPy constants that stay constant, variable refs),
+which are closed over so shape arithmetic stays static, and *dynamic* values,
+which become the lax carry. Variable assignments inside a body thread the
+variable state through the carry; an `rng` key is split per iteration.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxport.convert.graph import FuncAttr, GraphFunction
+from jaxport.convert.interpreter import Runtime, VariableRef, run_function
+from jaxport.convert.ops._util import is_concrete
+from jaxport.convert.ops.tensor_list import TensorList
+from jaxport.convert.registry import register
+
+ASSIGN_OPS = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
+MAX_STATIC_TRIPS = 1_000_000
+
+
+@register("PartitionedCall", "StatefulPartitionedCall")
+def partitioned_call(ctx, *args):
+  return ctx.runtime.call(ctx.attr("f").name, args)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _writes_state(runtime: Runtime, fn_name: str) -> bool:
+  """Whether calling `fn_name` (or anything it calls) assigns variables."""
+  library = runtime.library
+  memo = library.memo.setdefault("writes_state", {})
+  if fn_name not in memo:
+    memo[fn_name] = False   # breaks recursion cycles
+    for node in library[fn_name].nodes.values():
+      called = [v.name for v in node.attrs.values() for v in (v if isinstance(v, list) else [v])
+                if isinstance(v, FuncAttr)]
+      if node.op in library:
+        called.append(node.op)
+      if node.op in ASSIGN_OPS or any(_writes_state(runtime, name) for name in called):
+        memo[fn_name] = True
+        break
+  return memo[fn_name]
+
+
+def _is_dynamic(value) -> bool:
+  """Values that must travel through a lax carry."""
+  return not (is_concrete(value) or isinstance(value, VariableRef))
+
+
+def _passthrough_indices(fn: GraphFunction) -> set[int]:
+  """Outputs that return their own input unchanged (through Identity chains)."""
+  positions = {name: i for i, name in enumerate(fn.inputs)}
+  same = set()
+  for i, (src, idx) in enumerate(fn.outputs):
+    while idx == 0 and src not in positions and fn.nodes[src].op in ("Identity", "Snapshot"):
+      src, idx = fn.nodes[src].inputs[0]
+    if idx == 0 and positions.get(src) == i:
+      same.add(i)
+  return same
+
+
+def _as_carry(value, like=None):
+  """A value fit for a lax carry, with the dtype of `like` (its loop-entry value)."""
+  if isinstance(value, TensorList):
+    return value
+  dtype = like.dtype if like is not None and hasattr(like, "dtype") else None
+  return jnp.asarray(value, dtype)
+
+
+class _Unknown:
+  """Stands for a dynamic value while simulating a loop's constant part."""
+
+
+def _restricted(fn: GraphFunction, outputs: list[int]) -> GraphFunction:
+  """`fn` computing only the given outputs (so only the nodes they need run)."""
+  memo = fn.memo.setdefault("restricted", {})
+  key = tuple(outputs)
+  if key not in memo:
+    memo[key] = GraphFunction(f"{fn.name}{list(outputs)}", fn.nodes, fn.inputs, [fn.outputs[i] for i in outputs])
+  return memo[key]
+
+
+def _simulate(fn: GraphFunction, outputs: list[int], args, runtime: Runtime):
+  """Runs the part of `fn` computing `outputs` in NumPy; None if it is not constant."""
+  try:
+    results = run_function(_restricted(fn, outputs), list(args), runtime.fork(rng=None))
+  except Exception:  # noqa: BLE001  -- any failure means "not a trace-time constant"
+    return None
+  return results if all(is_concrete(r) for r in results) else None
+
+
+def _static_trip_count(runtime, cond_fn, body_fn, loop_vars) -> int | None:
+  """The exact number of iterations, when it follows from trace-time constants."""
+  known = {i for i, v in enumerate(loop_vars) if is_concrete(v)}
+  refs = {i for i, v in enumerate(loop_vars) if isinstance(v, VariableRef)}
+  while True:   # shrink `known` to the vars whose updates depend only on known vars
+    args = [v if i in known | refs else _Unknown() for i, v in enumerate(loop_vars)]
+    still = {i for i in known if _simulate(body_fn, [i], args, runtime) is not None}
+    if still == known:
+      break
+    known = still
+  values = [v if i in known | refs else _Unknown() for i, v in enumerate(loop_vars)]
+  order = sorted(known)
+  for trips in range(MAX_STATIC_TRIPS + 1):
+    pred = _simulate(cond_fn, [0], values, runtime)
+    if pred is None:
+      return None
+    if not bool(np.asarray(pred[0])):
+      return trips
+    outs = _simulate(body_fn, order, values, runtime)
+    if outs is None:
+      return None
+    for i, o in zip(order, outs):
+      values[i] = o
+  return None
+
+
+def materialize_lists(step, carry):
+  """Allocates TensorLists in `carry` whose element shape only the loop body reveals."""
+  def unresolved(x):
+    return isinstance(x, TensorList) and x.items is None
+  is_list = lambda x: isinstance(x, TensorList)
+  if not any(unresolved(x) for x in jax.tree.leaves(carry, is_leaf=is_list)):
+    return carry
+  shapes = jax.eval_shape(step, carry)
+
+  def allocate(before, after):
+    if unresolved(before):
+      if not isinstance(after, TensorList) or after.items is None:
+        return before.with_items(before.dense())
+      return before.with_items(jnp.zeros(after.items.shape, before.dtype))
+    return before
+  return jax.tree.map(allocate, carry, shapes, is_leaf=is_list)
+
+
+# --------------------------------------------------------------------------- While
+
+
+@register("While", "StatelessWhile")
+def while_loop(ctx, *loop_vars):
+  runtime = ctx.runtime
+  cond_fn = runtime.library[ctx.attr("cond").name]
+  body_fn = runtime.library[ctx.attr("body").name]
+  body_writes = _writes_state(runtime, body_fn.name)
+  if _writes_state(runtime, cond_fn.name):
+    raise NotImplementedError(f"While {ctx.name!r}: its condition assigns variables, which jaxport cannot convert")
+
+  passthrough = _passthrough_indices(body_fn)
+  static = {i for i, v in enumerate(loop_vars) if not _is_dynamic(v) and (i in passthrough or isinstance(v, VariableRef))}
+  for i, v in enumerate(loop_vars):
+    if isinstance(v, VariableRef) and i not in passthrough:
+      raise NotImplementedError(f"While {ctx.name!r}: loop variable {i} swaps resource handles between iterations")
+  dyn_idx = [i for i in range(len(loop_vars)) if i not in static]
+
+  def full_args(dyn):
+    args = list(loop_vars)
+    for i, v in zip(dyn_idx, dyn):
+      args[i] = v
+    return args
+
+  def body(carry, sub_rng):
+    dyn, state = carry
+    rt = runtime.fork(state=dict(state) if body_writes else None, rng=sub_rng)
+    outs = run_function(body_fn, full_args(dyn), rt)
+    new_dyn = [_as_carry(outs[i], d) for i, d in zip(dyn_idx, dyn)]
+    return new_dyn, (rt.state if body_writes else state)
+
+  def cond(carry, sub_rng):
+    dyn, state = carry
+    pred, = run_function(cond_fn, full_args(dyn), runtime.fork(rng=sub_rng))
+    return jnp.asarray(pred).reshape(()).astype(bool)
+
+  init_dyn = [_as_carry(loop_vars[i]) for i in dyn_idx]
+  state0 = runtime.state if body_writes else {}
+  trips = _static_trip_count(runtime, cond_fn, body_fn, loop_vars)
+  key = runtime.rng
+
+  def iteration_rng(i):
+    return None if key is None else jax.random.fold_in(key, i)
+
+  carry = materialize_lists(lambda c: body(c, iteration_rng(0)), (init_dyn, state0))
+  if trips is not None:
+    final = lax.fori_loop(0, trips, lambda i, c: body(c, iteration_rng(i)), carry)
+  else:
+    final_i, final = lax.while_loop(
+        lambda ic: cond(ic[1], iteration_rng(ic[0])),
+        lambda ic: (ic[0] + 1, body(ic[1], iteration_rng(ic[0]))),
+        (jnp.int32(0), carry))
+  dyn, state = final
+  if body_writes:
+    runtime.state.update(state)
+  return full_args(dyn)
+
+
+# --------------------------------------------------------------------------- If / Case
+
+
+def _branch_call(runtime: Runtime, fn_names: list[str], index, args, out_dtypes, op_name: str):
+  """Calls branch `index` (an int at trace time, or a traced int via lax.switch)."""
+  if is_concrete(index):
+    return runtime.call(fn_names[int(index)], args)
+  writes = any(_writes_state(runtime, n) for n in fn_names)
+  dyn_idx = [i for i, a in enumerate(args) if _is_dynamic(a)]
+
+  def make_branch(name):
+    def branch(operands):
+      dyn, state = operands
+      full = list(args)
+      for i, v in zip(dyn_idx, dyn):
+        full[i] = v
+      rt = runtime.fork(state=dict(state) if writes else None)
+      outs = run_function(runtime.library[name], full, rt)
+      outs = [o if isinstance(o, TensorList) or not isinstance(dt, np.dtype) else jnp.asarray(o, dt)
+              for o, dt in zip(outs, out_dtypes)]
+      return outs, (rt.state if writes else state)
+    return branch
+
+  operands = ([args[i] for i in dyn_idx], runtime.state if writes else {})
+  outs, state = lax.switch(index, [make_branch(n) for n in fn_names], operands)
+  if writes:
+    runtime.state.update(state)
+  return outs
+
+
+@register("If", "StatelessIf")
+def if_(ctx, pred, *args):
+  names = [ctx.attr("else_branch").name, ctx.attr("then_branch").name]
+  if is_concrete(pred):
+    pred = np.asarray(pred)   # TF: a scalar is truthy by value, other shapes by being non-empty
+    index = int(bool(pred)) if pred.ndim == 0 else int(pred.size > 0)
+  else:
+    index = jnp.asarray(pred).reshape(()).astype(jnp.int32) != 0
+    index = index.astype(jnp.int32)
+  return _branch_call(ctx.runtime, names, index, args, ctx.attr("Tout", []), ctx.name)
+
+
+@register("Case", "StatelessCase")
+def case(ctx, branch_index, *args):
+  names = [f.name for f in ctx.attr("branches")]
+  n = len(names)
+  if is_concrete(branch_index):
+    i = int(branch_index)
+    index = i if 0 <= i < n else n - 1   # TF runs the last branch when out of range
+  else:
+    i = jnp.asarray(branch_index, jnp.int32)
+    index = jnp.where((i < 0) | (i >= n), n - 1, i)
+  return _branch_call(ctx.runtime, names, index, args, ctx.attr("Tout", []), ctx.name)

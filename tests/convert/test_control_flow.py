@@ -1,0 +1,225 @@
+"""TF2 control flow: While, If, Case, TensorList/TensorArray, calls."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import jaxport
+from jaxport.convert import registry
+from oracle import assert_close, check
+
+X = np.random.RandomState(0).normal(size=(3, 4)).astype(np.float32)
+
+
+def _ops(fn, *args):
+  graph_def = tf.function(fn).get_concrete_function(*args).graph.as_graph_def()
+  ops = {n.op for n in graph_def.node}
+  for f in graph_def.library.function:
+    ops |= {n.op for n in f.node_def}
+  return ops
+
+
+def static_loop(x):
+  for i in tf.range(5):
+    x = tf.sin(x) * tf.cast(i + 1, tf.float32)
+  return x
+
+
+def test_static_trip_count_loop_is_reverse_differentiable():
+  assert "While" in _ops(static_loop, X) or "StatelessWhile" in _ops(static_loop, X)
+  check(static_loop, X, atol=1e-4, rtol=1e-4)
+
+
+def test_static_trip_count_uses_fori_loop_not_while():
+  f = jaxport.convert_functional(static_loop, X)
+  jaxpr = str(jax.make_jaxpr(f)(X))
+  assert "scan" in jaxpr and "while" not in jaxpr
+
+
+def dynamic_loop(x, n):
+  i = tf.constant(0)
+  while tf.reduce_sum(x) < n:
+    x = x * 2.0 + 0.1
+    i += 1
+  return x, i
+
+
+def test_dynamic_trip_count_loop_uses_while_loop():
+  x = np.abs(X) + 0.1
+  n = np.float32(100.0)
+  f = check(dynamic_loop, x, n, grad=False, vmap=True)
+  jaxpr = str(jax.make_jaxpr(lambda a, b: f({}, a, b)[0])(x, n))
+  assert "while" in jaxpr
+
+
+def test_loop_reading_variables_and_jit_grad():
+  w = tf.Variable(np.full((4,), 0.5, np.float32), name="w")
+
+  def fn(x):
+    for _ in tf.range(3):
+      x = tf.tanh(x * w)
+    return x
+
+  jax_fn, params = jaxport.convert(fn, X)
+  assert_close(jax.jit(jax_fn)(params, X)[0], fn(X), 1e-5, 1e-5)
+  g = jax.grad(lambda p: jnp.sum(jax_fn(p, X)[0]))(params)
+  with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(fn(X))
+  np.testing.assert_allclose(g["w"], tape.gradient(loss, w).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_loop_assigning_variables_updates_new_params():
+  acc = tf.Variable(np.zeros((4,), np.float32), name="acc")
+
+  @tf.function
+  def fn(x):
+    for i in tf.range(3):
+      acc.assign_add(x[i])
+    return acc.read_value()
+
+  jax_fn, params = jaxport.convert(fn, X)
+  out, new = jax.jit(jax_fn)(params, X)
+  np.testing.assert_allclose(new["acc"], X.sum(0), rtol=1e-6)
+  np.testing.assert_allclose(out, X.sum(0), rtol=1e-6)
+
+
+def tensor_array_loop(x):
+  ta = tf.TensorArray(tf.float32, size=tf.shape(x)[0])
+  for i in tf.range(tf.shape(x)[0]):
+    ta = ta.write(i, x[i] * tf.cast(i, tf.float32))
+  return ta.stack()
+
+
+def test_tensor_array_in_loop():
+  check(tensor_array_loop, X)
+
+
+def test_tensor_array_unknown_element_shape_in_loop():
+  def fn(x):
+    ta = tf.TensorArray(tf.float32, size=3, element_shape=tf.TensorShape(None))
+    for i in tf.range(3):
+      ta = ta.write(i, tf.reduce_sum(x, axis=0) * tf.cast(i, tf.float32))
+    return ta.stack()
+
+  check(fn, tf.TensorSpec([None, 4], tf.float32) and X)
+
+
+def test_tensor_array_read_unstack_in_loop():
+  def fn(x):
+    inputs = tf.TensorArray(tf.float32, size=3).unstack(x)
+    total = tf.zeros([4])
+    for i in tf.range(3):
+      total += inputs.read(i) ** 2
+    return total
+
+  check(fn, X)
+
+
+def test_tensor_array_constant_indices_outside_loop():
+  def fn(x):
+    ta = tf.TensorArray(tf.float32, size=2)
+    ta = ta.write(0, x)
+    ta = ta.write(1, x * 3.0)
+    return ta.stack(), ta.read(1), ta.size()
+
+  check(fn, X)
+
+
+def test_dynamic_size_tensor_array_outside_loop():
+  def fn(x):
+    ta = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
+    ta = ta.write(0, x)
+    ta = ta.write(1, -x)
+    ta = ta.write(2, 2 * x)
+    return ta.stack()
+
+  check(fn, X)
+
+
+def cond_fn(x, flag):
+  return tf.cond(flag > 0, lambda: tf.sin(x) * 2.0, lambda: tf.cos(x) - 1.0)
+
+
+@pytest.mark.parametrize("flag", [1, -1])
+def test_if_with_traced_predicate(flag):
+  assert {"If", "StatelessIf"} & _ops(cond_fn, X, np.int32(flag))
+  check(cond_fn, X, np.int32(flag))
+
+
+def test_if_with_constant_predicate_traces_only_taken_branch(monkeypatch):
+  traced = []
+  original = registry.get_rule("Cos")
+
+  def spy(ctx, x):
+    traced.append(ctx.name)
+    return original(ctx, x)
+
+  monkeypatch.setitem(registry._RULES, "Cos", spy)
+
+  def fn(x):
+    return tf.cond(tf.constant(True), lambda: tf.sin(x), lambda: tf.cos(x))
+
+  f = jaxport.convert_functional(fn, X)
+  np.testing.assert_allclose(jax.jit(f)(X), np.sin(X), rtol=1e-6)
+  assert traced == []
+
+
+def test_if_assigning_variables_in_branches():
+  v = tf.Variable(np.zeros((4,), np.float32), name="v")
+
+  @tf.function
+  def fn(x, flag):
+    def yes():
+      v.assign_add(x[0])
+      return tf.constant(1.0)
+
+    def no():
+      v.assign_sub(x[1])
+      return tf.constant(0.0)
+
+    return tf.cond(flag, yes, no)
+
+  jax_fn, params = jaxport.convert(fn, X, np.bool_(True))
+  for flag, expected in [(True, X[0]), (False, -X[1])]:
+    out, new = jax.jit(jax_fn)(params, X, np.bool_(flag))
+    np.testing.assert_allclose(new["v"], expected, rtol=1e-6)
+    assert float(out) == float(flag)
+
+
+def case_fn(x, i):
+  return tf.switch_case(i, [lambda: x * 1.0, lambda: x * 2.0, lambda: tf.sin(x)])
+
+
+@pytest.mark.parametrize("index", [0, 1, 2, 7, -3])
+def test_case_including_out_of_range_runs_last_branch(index):
+  assert {"Case", "StatelessCase"} & _ops(case_fn, X, np.int32(0))
+  check(case_fn, X, np.int32(index))
+
+
+def test_nested_function_calls_are_inlined():
+  @tf.function
+  def inner(x):
+    return tf.nn.relu(x) * 3.0
+
+  @tf.function
+  def middle(x):
+    return inner(x) + inner(-x)
+
+  assert {"PartitionedCall", "StatefulPartitionedCall"} & _ops(middle, X)
+  check(middle, X)
+
+
+def test_random_op_in_loop_gives_fresh_values_each_iteration():
+  def fn(x):
+    ta = tf.TensorArray(tf.float32, size=3)
+    for i in tf.range(3):
+      ta = ta.write(i, tf.random.uniform([4]) + x[0] * 0)
+    return ta.stack()
+
+  jax_fn, params = jaxport.convert(fn, X)
+  assert jax_fn.requires_rng
+  out = np.asarray(jax_fn(params, X, rng=jax.random.key(0))[0])
+  assert not np.allclose(out[0], out[1]) and not np.allclose(out[1], out[2])
+  with pytest.raises(jaxport.MissingInputError, match="rng"):
+    jax_fn(params, X)
