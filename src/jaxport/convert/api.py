@@ -10,6 +10,7 @@ import numpy as np
 import tree
 
 from jaxport import config as _config
+from jaxport.convert import custom_gradient
 from jaxport.convert.graph import FuncAttr, GraphFunction, Library, decode_nodes
 from jaxport.convert.interpreter import Runtime, VariableRef, run_function
 from jaxport.convert.registry import supported_ops
@@ -57,8 +58,9 @@ class ConvertedFunction:
 
   def __init__(self, graph: GraphFunction, library: Library, *, input_specs, static_leaves,
                input_structure, captures, output_structure, output_leaves, param_keys,
-               config, requires_rng, name):
+               config, requires_rng, name, custom_gradients=None):
     self._graph, self._library = graph, library
+    self._custom_gradients = custom_gradients or {}
     self._input_specs = input_specs          # one per tensor leaf of (args, kwargs)
     self._static_leaves = static_leaves      # leaf index -> value kept static at trace time
     self._input_structure = input_structure
@@ -80,7 +82,7 @@ class ConvertedFunction:
       raise MissingInputError("this function uses random ops and needs a PRNG key: pass rng=jax.random.key(seed)")
     inputs = self._flatten_inputs(args, kwargs)
     state = {k: jnp.asarray(params[k]) for k in self.param_keys}
-    runtime = Runtime(self._library, self._config, state, rng)
+    runtime = Runtime(self._library, self._config, state, rng, self._custom_gradients)
     outs = run_function(self._graph, inputs + list(self._captures), runtime)
     leaves = [leaf[1] if isinstance(leaf, tuple) else jnp.asarray(outs[leaf]) for leaf in self._output_leaves]
     outputs = tree.unflatten_as(self._output_structure, leaves)
@@ -224,6 +226,35 @@ def _uses_random(graph: GraphFunction, library: Library) -> bool:
   return bool(ops & RANDOM_OPS)
 
 
+class _ParamCollector:
+  """Names each captured tf.Variable once and collects its value into `params`."""
+
+  def __init__(self, cf, keras_paths: dict[int, str]):
+    self._variables = {id(v.handle): v for v in cf.variables}
+    self._keras_paths = keras_paths
+    self._refs: dict[int, VariableRef] = {}
+    self.params: dict[str, Variable] = {}
+    self.tf_variables: dict = {}
+
+  def ref(self, handle, what: str, variables=()) -> VariableRef:
+    """The VariableRef of the variable behind an eager resource `handle`."""
+    if id(handle) not in self._refs:
+      var = self._variables.get(id(handle))
+      if var is None:
+        var = next((v for v in variables if v.handle is handle), None)
+      if var is None:
+        raise TypeError(f"{what} is not a tf.Variable (tables and iterators cannot be converted); "
+                        "pass its contents as an input instead")
+      key = base = self._keras_paths.get(id(handle)) or var.name.split(":")[0]
+      n = 1
+      while key in self.params:
+        key, n = f"{base}_{n}", n + 1
+      self.params[key] = Variable(var.numpy(), name=var.name, trainable=var.trainable)
+      self.tf_variables[key] = var
+      self._refs[id(handle)] = VariableRef(key)
+    return self._refs[id(handle)]
+
+
 def _decode_graph(cf):
   """The top-level graph of a concrete function, its library, and how outputs map to it."""
   tf = _tf()
@@ -254,33 +285,26 @@ def unsupported_in_concrete(cf) -> dict[str, list[str]]:
 
 def _from_concrete(cf, keras_paths: dict[int, str], input_structure, static_leaves) -> tuple[ConvertedFunction, dict]:
   tf = _tf()
+  conf = _config.snapshot()
   graph, library, output_leaves = _decode_graph(cf)
   n_user = len(cf.inputs) - len(cf.captured_inputs)
   user_inputs, captured_inputs = cf.inputs[:n_user], cf.inputs[n_user:]
 
   # Captured inputs: variables become params, captured tensors become constants.
-  variables = {id(v.handle): v for v in cf.variables}
+  collector = _ParamCollector(cf, keras_paths)
   by_internal = {id(internal): external for external, internal in cf.graph.captures}
-  captures, params, used_keys, tf_variables = [], {}, set(), {}
+  captures = []
   for internal in captured_inputs:
     external = by_internal.get(id(internal))
     if external is None:
       raise TypeError(f"captured input {internal.name} has no external value")
     if external.dtype == tf.resource:
-      var = variables.get(id(external))
-      if var is None:
-        raise TypeError(f"captured resource {internal.name} is not a tf.Variable (tables and iterators "
-                        "cannot be converted); pass its contents as an input instead")
-      key = keras_paths.get(id(external)) or var.name.split(":")[0]
-      base, n = key, 1
-      while key in used_keys:
-        key, n = f"{base}_{n}", n + 1
-      used_keys.add(key)
-      params[key] = Variable(var.numpy(), name=var.name, trainable=var.trainable)
-      tf_variables[key] = var
-      captures.append(VariableRef(key))
+      captures.append(collector.ref(external, f"captured resource {internal.name}"))
     else:
       captures.append(np.asarray(external.numpy()))
+  custom_gradients = (custom_gradient.prepare(cf, graph, collector.ref)
+                      if conf["convert_custom_gradient"] else {})
+  params, tf_variables = collector.params, collector.tf_variables
 
   missing = _unsupported(graph, library)
   if missing:
@@ -292,13 +316,12 @@ def _from_concrete(cf, keras_paths: dict[int, str], input_structure, static_leav
     shape = None if t.shape.rank is None else tuple(t.shape.as_list())
     specs.append(InputSpec(_path_name(path), shape, np.dtype(t.dtype.as_numpy_dtype)))
 
-  conf = _config.snapshot()
   jax_fn = ConvertedFunction(
       graph, library, input_specs=specs, static_leaves=static_leaves, input_structure=input_structure,
       captures=captures, output_structure=tree.map_structure(lambda _: 0, cf.structured_outputs),
       output_leaves=output_leaves,
       param_keys=list(params), config=conf, requires_rng=_uses_random(graph, library),
-      name=str(getattr(cf, "name", "converted")))
+      name=str(getattr(cf, "name", "converted")), custom_gradients=custom_gradients)
   jax_fn.params = params
   jax_fn.tf_variables = tf_variables   # the TF variable behind each params key
   jax_fn.trainable = {k: bool(v.trainable) for k, v in params.items()}

@@ -169,7 +169,7 @@ def decode_nodes(node_defs) -> dict[str, Node]:
         inputs.append(parse_tensor_name(ref))
     attrs = {}
     for key, val in nd.attr.items():
-      if key.startswith("_") and key not in ("_output_shapes",):
+      if key.startswith("_") and key != "_gradient_op_type":
         continue
       try:
         attrs[key] = decode_attr(val)

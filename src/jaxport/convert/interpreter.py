@@ -22,11 +22,13 @@ class VariableRef:
 class Runtime:
   """Per-call state shared by every node: variables, rng, library, config."""
 
-  def __init__(self, library: Library, config: dict[str, Any], state: dict[str, Any], rng=None):
+  def __init__(self, library: Library, config: dict[str, Any], state: dict[str, Any], rng=None,
+               custom_gradients=None):
     self.library = library
     self.config = config
     self.state = state          # variable key -> current value; assigns update it
     self.rng = rng
+    self.custom_gradients = custom_gradients or {}   # id(IdentityN node) -> CustomGradient
 
   def read_variable(self, ref: VariableRef):
     try:
@@ -41,7 +43,7 @@ class Runtime:
   def fork(self, *, state=None, rng=...):
     """A runtime for a nested trace (a loop body or cond branch)."""
     return Runtime(self.library, self.config, self.state if state is None else state,
-                   self.rng if rng is ... else rng)
+                   self.rng if rng is ... else rng, self.custom_gradients)
 
   def call(self, fn_name: str, args) -> list:
     """Interprets a library function inline (trace-time inlining)."""

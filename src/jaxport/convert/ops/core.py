@@ -5,6 +5,7 @@ import jax
 import ml_dtypes
 import numpy as np
 
+from jaxport.convert import custom_gradient
 from jaxport.convert.registry import register
 
 
@@ -25,6 +26,9 @@ def identity(ctx, x, *_):
 
 @register("IdentityN")
 def identity_n(ctx, *xs):
+  custom = ctx.runtime.custom_gradients.get(id(ctx.node))
+  if custom is not None:   # a @tf.custom_gradient boundary (see convert/custom_gradient.py)
+    return custom_gradient.apply(custom, ctx.runtime, list(xs))
   return list(xs)
 
 
