@@ -15,6 +15,16 @@ import tensorflow as tf
 import tree
 
 import jaxport
+from jaxport import config
+from jaxport.convert.graph import Library, Node
+from jaxport.convert.interpreter import OpContext, Runtime
+from jaxport.convert.registry import get_rule
+
+
+def run_rule(op, *inputs, **attrs):
+  """Calls one op rule directly, outside any graph, with the default config."""
+  runtime = Runtime(Library([]), config.snapshot(), {})
+  return get_rule(op)(OpContext(Node("node", op, [], [], attrs), runtime), *inputs)
 
 
 def _np(x):
@@ -30,7 +40,10 @@ def assert_close(actual, expected, atol, rtol, what=""):
   for a, e in zip(tree.flatten(actual), tree.flatten(expected)):
     a, e = _np(a), _np(e)
     assert a.shape == e.shape, f"{what}: shape {a.shape} != TF {e.shape}"
-    if e.dtype.kind in "fc" or e.dtype.name == "bfloat16":
+    if e.dtype.kind == "c":
+      for part in (np.real, np.imag):
+        np.testing.assert_allclose(part(a), part(e), atol=atol, rtol=rtol, err_msg=what)
+    elif e.dtype.kind == "f" or e.dtype.name == "bfloat16":
       np.testing.assert_allclose(a.astype(np.float64), e.astype(np.float64), atol=atol, rtol=rtol, err_msg=what)
     else:
       assert a.dtype == e.dtype, f"{what}: dtype {a.dtype} != TF {e.dtype}"
@@ -74,6 +87,7 @@ def _check_grad(tf_fn, call, args, float_idx, expected, atol, rtol):
       tape.watch(tf_args[i])
     loss = tf_loss(*tf_args)
   tf_grads = tape.gradient(loss, [tf_args[i] for i in float_idx])
+  tf_grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in tf_grads]
 
   def jax_loss(*floats):
     full = list(args)

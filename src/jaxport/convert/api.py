@@ -321,11 +321,15 @@ def _from_concrete(cf, keras_paths: dict[int, str], input_structure, static_leav
       captures=captures, output_structure=tree.map_structure(lambda _: 0, cf.structured_outputs),
       output_leaves=output_leaves,
       param_keys=list(params), config=conf, requires_rng=_uses_random(graph, library),
-      name=str(getattr(cf, "name", "converted")), custom_gradients=custom_gradients)
+      name=_text(getattr(cf, "name", "converted")), custom_gradients=custom_gradients)
   jax_fn.params = params
   jax_fn.tf_variables = tf_variables   # the TF variable behind each params key
   jax_fn.trainable = {k: bool(v.trainable) for k, v in params.items()}
   return jax_fn, params
+
+
+def _text(name) -> str:
+  return name.decode() if isinstance(name, bytes) else str(name)
 
 
 def _static_leaf_indices(args, kwargs) -> dict[int, Any]:

@@ -37,5 +37,5 @@ _loaded = False
 def _load_rules() -> None:
   global _loaded
   if not _loaded:
-    _loaded = True
     from jaxport.convert import ops  # noqa: F401  (registers every family)
+    _loaded = True

@@ -1,1 +1,834 @@
-"""Op rules: shapes, slicing, gathering, scattering and other array plumbing."""
+"""Op rules: shapes, slicing, gathering, scattering and other array plumbing.
+
+Shape arithmetic stays NumPy: when every input of a rule is a trace-time
+constant the rule computes with NumPy and returns NumPy, so reshape targets and
+slice bounds derived from `tf.shape` stay static under `jax.jit`.
+
+Differences from TF, by design of XLA:
+  * out-of-range gather indices are clamped (TF raises on CPU, returns zeros on
+    GPU); with `bad_indices_policy="IGNORE"` they give zeros as in TF. Negative
+    indices wrap like NumPy (TF raises), in gathers and scatters. Out-of-range
+    scatter indices are dropped (TF raises on CPU).
+  * `TensorScatterUpdate` with duplicate indices keeps an unspecified one of the
+    updates (TF: also unspecified).
+  * ops whose output shape depends on input values (`Where` with one input,
+    `Unique*`) need concrete inputs: they fail under `jax.jit`/`vmap`, and work
+    under `jax.grad` when the input is concrete there (e.g. a comparison mask).
+  * a traced `Slice` begin or `StridedSlice` index is clamped into range; TF raises.
+  * with JAX's x64 mode off, int64/float64 values computed by JAX come out as
+    int32/float32; NumPy constants (shapes, `Where`'s coordinates) keep TF's
+    dtype inside the graph and reach the caller in JAX's canonical dtype.
+  * a range slice (`x[i:i + 2]`, `x[:, i, 1:]`) whose bounds arrive in a traced
+    begin/end vector has no static size and raises; single-element indexing with
+    a traced index (`x[i]`, `x[:, i]`) works.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from jax import lax
+
+from jaxport.convert.ops._util import is_concrete, static_ints, xp
+from jaxport.convert.registry import register
+
+
+def _static(ctx, x, operand: str) -> list[int]:
+  return static_ints(x, f"{ctx.op} operand {operand!r} (node {ctx.name!r})")
+
+
+def _static_int(ctx, x, operand: str) -> int:
+  values = _static(ctx, x, operand)
+  if len(values) != 1:
+    raise ValueError(f"{ctx.op} operand {operand!r} (node {ctx.name!r}) must be a scalar, got {values}")
+  return values[0]
+
+
+def _axis(ctx, axis: int, ndim: int) -> int:
+  if not -ndim <= axis < max(ndim, 1):
+    raise ValueError(f"{ctx.op} node {ctx.name!r}: axis {axis} is out of range for rank {ndim}")
+  return axis % ndim if ndim else 0
+
+
+def _dtype(m, dtype) -> np.dtype:
+  """The TF dtype for NumPy results; JAX results get JAX's canonical dtype (x64 may be off)."""
+  return np.dtype(dtype) if m is np else jax.dtypes.canonicalize_dtype(dtype)
+
+
+def _as_plain(x):
+  """NumPy scalars from indexing become 0-d arrays; everything else is unchanged."""
+  return np.asarray(x) if isinstance(x, np.generic) else x
+
+
+def _static_scalar(ctx, x, operand: str) -> np.ndarray:
+  """An operand of any dtype that must be a trace-time constant."""
+  if not is_concrete(x):
+    raise ValueError(f"{ctx.op} operand {operand!r} (node {ctx.name!r}) must be a trace-time constant, "
+                     "but it depends on the function's inputs")
+  return np.asarray(x)
+
+
+def _concrete_values(ctx, x) -> np.ndarray:
+  """Input values for ops whose output shape depends on them."""
+  if isinstance(x, jax.core.Tracer):
+    raise ValueError(
+        f"{ctx.op} node {ctx.name!r} returns a shape that depends on its input values, which JAX cannot "
+        "trace: call the converted function without jax.jit/vmap/grad, or rewrite the TF code with a "
+        "fixed-size alternative (e.g. the 3-argument tf.where, or a mask).")
+  return np.asarray(x)
+
+
+# --------------------------------------------------------------------------- shapes
+
+
+@register("Shape")
+def shape(ctx, x):
+  return np.asarray(np.shape(x), dtype=ctx.attr("out_type"))
+
+
+@register("ShapeN")
+def shape_n(ctx, *xs):
+  return [np.asarray(np.shape(x), dtype=ctx.attr("out_type")) for x in xs]
+
+
+@register("Size")
+def size(ctx, x):
+  return np.asarray(np.prod(np.shape(x), dtype=np.int64), dtype=ctx.attr("out_type"))
+
+
+@register("Rank")
+def rank(ctx, x):
+  return np.asarray(np.ndim(x), dtype=np.int32)
+
+
+@register("BroadcastArgs")
+def broadcast_args(ctx, s0, s1):
+  out = np.broadcast_shapes(tuple(_static(ctx, s0, "s0")), tuple(_static(ctx, s1, "s1")))
+  return np.asarray(out, dtype=ctx.attr("T"))
+
+
+@register("BroadcastGradientArgs")
+def broadcast_gradient_args(ctx, s0, s1):
+  """The axes each input's gradient is summed over (TF's BCast: none when shapes are equal)."""
+  shapes = [_static(ctx, s0, "s0"), _static(ctx, s1, "s1")]
+  np.broadcast_shapes(*map(tuple, shapes))   # raises on incompatible shapes
+  dtype = ctx.attr("T")
+  if shapes[0] == shapes[1]:
+    return np.zeros(0, dtype), np.zeros(0, dtype)
+  rank_ = max(map(len, shapes))
+  padded = [[1] * (rank_ - len(s)) + s for s in shapes]
+  return tuple(np.asarray([i for i, d in enumerate(p) if d == 1], dtype=dtype) for p in padded)
+
+
+# --------------------------------------------------------------------------- reshaping
+
+
+@register("Reshape")
+def reshape(ctx, x, target):
+  return xp(x).reshape(x, _static(ctx, target, "shape"))
+
+
+@register("Squeeze")
+def squeeze(ctx, x):
+  dims = ctx.attr("squeeze_dims", [])
+  axes = tuple(_axis(ctx, d, np.ndim(x)) for d in dims) if dims else None
+  return xp(x).squeeze(x, axis=axes)
+
+
+@register("ExpandDims")
+def expand_dims(ctx, x, axis):
+  return xp(x).expand_dims(x, _axis(ctx, _static_int(ctx, axis, "dim"), np.ndim(x) + 1))
+
+
+@register("Transpose", "ConjugateTranspose")
+def transpose(ctx, x, perm):
+  m = xp(x)
+  out = m.transpose(x, _static(ctx, perm, "perm"))
+  if ctx.op == "ConjugateTranspose" and np.iscomplexobj(out):
+    out = m.conj(out)
+  return out
+
+
+@register("Pack")
+def pack(ctx, *xs):
+  m = xp(*xs)
+  axis = _axis(ctx, ctx.attr("axis", 0), np.ndim(xs[0]) + 1)
+  return m.stack(xs, axis=axis).astype(_dtype(m, ctx.attr("T")))
+
+
+@register("Unpack")
+def unpack(ctx, x):
+  axis = _axis(ctx, ctx.attr("axis", 0), np.ndim(x))
+  lead = (slice(None),) * axis
+  return [_as_plain(x[lead + (i,)]) for i in range(ctx.attr("num"))]
+
+
+def _concat(ctx, values, axis):
+  m = xp(*values)
+  axis = _axis(ctx, _static_int(ctx, axis, "axis"), np.ndim(values[0]))
+  return m.concatenate(values, axis=axis).astype(_dtype(m, ctx.attr("T")))
+
+
+@register("ConcatV2")
+def concat_v2(ctx, *args):
+  return _concat(ctx, args[:-1], args[-1])
+
+
+@register("Concat")
+def concat(ctx, axis, *values):
+  return _concat(ctx, values, axis)
+
+
+@register("ConcatOffset")
+def concat_offset(ctx, axis, *shapes):
+  """Where each input of a concatenation starts in the output (used by its gradient)."""
+  dims = [_static(ctx, s, "shape") for s in shapes]
+  axis = _axis(ctx, _static_int(ctx, axis, "concat_dim"), len(dims[0]))
+  offsets, start = [], 0
+  for d in dims:
+    offset = np.zeros(len(d), dtype=ctx.attr("shape_type", np.int32))
+    offset[axis] = start
+    offsets.append(offset)
+    start += d[axis]
+  return offsets
+
+
+@register("Split")
+def split(ctx, axis, x):
+  axis = _axis(ctx, _static_int(ctx, axis, "split_dim"), np.ndim(x))
+  return list(xp(x).split(x, ctx.attr("num_split"), axis=axis))
+
+
+@register("SplitV")
+def split_v(ctx, x, size_splits, axis):
+  axis = _axis(ctx, _static_int(ctx, axis, "split_dim"), np.ndim(x))
+  sizes = _static(ctx, size_splits, "size_splits")
+  if sizes.count(-1) > 1:
+    raise ValueError(f"SplitV node {ctx.name!r}: at most one size_splits entry may be -1, got {sizes}")
+  if -1 in sizes:
+    sizes[sizes.index(-1)] = np.shape(x)[axis] - (sum(sizes) + 1)
+  if sum(sizes) != np.shape(x)[axis] or min(sizes, default=0) < 0:
+    raise ValueError(f"SplitV node {ctx.name!r}: size_splits {sizes} do not add up to dimension "
+                     f"{np.shape(x)[axis]}")
+  return list(xp(x).split(x, np.cumsum(sizes)[:-1].tolist(), axis=axis))
+
+
+@register("Tile")
+def tile(ctx, x, multiples):
+  reps = _static(ctx, multiples, "multiples")
+  if len(reps) != np.ndim(x):
+    raise ValueError(f"Tile node {ctx.name!r}: multiples {reps} must have one entry per dimension of "
+                     f"the input of shape {np.shape(x)}")
+  return xp(x).tile(x, reps)
+
+
+@register("BroadcastTo")
+def broadcast_to(ctx, x, target):
+  return xp(x).broadcast_to(x, _static(ctx, target, "shape"))
+
+
+@register("Fill")
+def fill(ctx, dims, value):
+  m = xp(value)
+  return m.full(_static(ctx, dims, "dims"), value, dtype=_dtype(m, ctx.attr("T")))
+
+
+# --------------------------------------------------------------------------- slicing
+
+
+@register("Slice")
+def slice_(ctx, x, begin, size_):
+  sizes = _static(ctx, size_, "size")
+  dims = np.shape(x)
+  if not is_concrete(begin):
+    if -1 in sizes:
+      raise ValueError(f"Slice node {ctx.name!r}: with a begin that depends on the inputs, every size must "
+                       f"be known (got {sizes}); the slice size of `x[i:]` is not static")
+    return lax.dynamic_slice(x, [begin[i] for i in range(len(sizes))], sizes)
+  starts = _static(ctx, begin, "begin")
+  ends = [d if s == -1 else b + s for b, s, d in zip(starts, sizes, dims)]
+  if any(not 0 <= b <= e <= d for b, e, d in zip(starts, ends, dims)):
+    raise ValueError(f"Slice node {ctx.name!r}: begin {starts} and size {sizes} are out of bounds "
+                     f"for shape {dims}")
+  return _as_plain(x[tuple(slice(b, e) for b, e in zip(starts, ends))])
+
+
+def _bits(mask: int, n: int) -> list[bool]:
+  return [bool(mask >> i & 1) for i in range(n)]
+
+
+class _StridedIndex:
+  """A StridedSlice spec (sparse begin/end/strides and masks) as a NumPy-style index.
+
+  `static` holds ints, slices, None (new axis) and at most one Ellipsis, which
+  index exactly like TF's masks. Shrinking axes whose begin is traced are picked
+  first with `lax.dynamic_index_in_dim(..., keepdims=True)` and read `0` in
+  `static`.
+  """
+
+  def __init__(self, ctx, begin, end, strides):
+    strides = _static(ctx, strides, "strides")
+    n = len(strides)
+    begin_static, end_static = is_concrete(begin), is_concrete(end)
+    begin_v = _static(ctx, begin, "begin") if begin_static else None
+    end_v = _static(ctx, end, "end") if end_static else None
+    begin_mask = _bits(ctx.attr("begin_mask", 0), n)
+    end_mask = _bits(ctx.attr("end_mask", 0), n)
+    new_axis = _bits(ctx.attr("new_axis_mask", 0), n)
+    shrink = _bits(ctx.attr("shrink_axis_mask", 0), n)
+    ellipsis_mask = ctx.attr("ellipsis_mask", 0)
+    if ellipsis_mask & (ellipsis_mask - 1):
+      raise ValueError(f"StridedSlice node {ctx.name!r}: multiple ellipses in the slice spec are not allowed")
+    ellipsis = _bits(ellipsis_mask, n)
+
+    self.static: list = []
+    self.dynamic_entries: list[tuple[int, object]] = []   # (position in `static`, traced index)
+    for i in range(n):
+      if ellipsis[i]:
+        self.static.append(Ellipsis)
+      elif new_axis[i]:
+        self.static.append(None)
+      elif shrink[i]:
+        if strides[i] <= 0:
+          raise ValueError(f"StridedSlice node {ctx.name!r}: a shrinking axis needs a positive stride")
+        if begin_static:
+          self.static.append(begin_v[i])
+        else:
+          self.dynamic_entries.append((len(self.static), begin[i]))
+          self.static.append(0)
+      else:
+        if (not begin_static and not begin_mask[i]) or (not end_static and not end_mask[i]):
+          raise ValueError(
+              f"StridedSlice node {ctx.name!r}: the bounds of a range slice depend on the inputs, so its "
+              "size is not static; only single-element indexing (`x[i]`, `x[:, i]`) may use traced "
+              "indices. For a range, use tf.slice with a traced begin and a static size.")
+        self.static.append(slice(None if begin_mask[i] else begin_v[i],
+                                 None if end_mask[i] else end_v[i], strides[i]))
+
+  def resolve(self, ctx, shape) -> tuple[list[tuple[int, object]], tuple]:
+    """The dynamic picks as (input axis, traced index) and the static index, checked against `shape`."""
+    consumed = sum(1 for s in self.static if s is not None and s is not Ellipsis)
+    if consumed > len(shape):
+      raise ValueError(f"StridedSlice node {ctx.name!r}: the slice spec indexes {consumed} dimensions, "
+                       f"but the input has only {len(shape)}")
+    axes, axis = [], 0
+    for entry in self.static:
+      axes.append(None if entry is None or entry is Ellipsis else axis)
+      axis += len(shape) - consumed if entry is Ellipsis else int(entry is not None)
+    dynamic_positions = {pos for pos, _ in self.dynamic_entries}
+    for pos, (entry, axis) in enumerate(zip(self.static, axes)):
+      if isinstance(entry, int) and pos not in dynamic_positions and not -shape[axis] <= entry < shape[axis]:
+        raise ValueError(f"StridedSlice node {ctx.name!r}: index {entry} is out of bounds for dimension "
+                         f"{axis} of size {shape[axis]}")
+    return [(axes[pos], index) for pos, index in self.dynamic_entries], tuple(self.static)
+
+
+def _normalized_index(index, dim: int):
+  index = jnp.asarray(index)
+  return jnp.where(index < 0, index + dim, index)
+
+
+@register("StridedSlice")
+def strided_slice(ctx, x, begin, end, strides):
+  dynamic, index = _StridedIndex(ctx, begin, end, strides).resolve(ctx, np.shape(x))
+  for axis, i in dynamic:
+    x = lax.dynamic_index_in_dim(x, _normalized_index(i, np.shape(x)[axis]), axis, keepdims=True)
+  return _as_plain(x[index])
+
+
+@register("StridedSliceGrad")
+def strided_slice_grad(ctx, shape_, begin, end, strides, dy):
+  """The gradient of StridedSlice: `dy` written into zeros of the input's shape."""
+  full_shape = _static(ctx, shape_, "shape")
+  dynamic, index = _StridedIndex(ctx, begin, end, strides).resolve(ctx, full_shape)
+  inner_shape = list(full_shape)
+  for axis, _ in dynamic:
+    inner_shape[axis] = 1
+  if is_concrete(dy) and not dynamic:
+    out = np.zeros(inner_shape, dtype=np.asarray(dy).dtype)
+    out[index] = dy
+    return out
+  inner = jnp.zeros(inner_shape, dtype=dy.dtype).at[index].set(dy)
+  if not dynamic:
+    return inner
+  starts = [jnp.zeros((), jnp.int32)] * len(full_shape)
+  for axis, i in dynamic:
+    starts[axis] = _normalized_index(i, full_shape[axis]).astype(jnp.int32)
+  return lax.dynamic_update_slice(jnp.zeros(full_shape, dtype=dy.dtype), inner, starts)
+
+
+# --------------------------------------------------------------------------- padding
+
+
+def _paddings(ctx, paddings, x) -> list[tuple[int, int]]:
+  flat = _static(ctx, paddings, "paddings")
+  if len(flat) != 2 * np.ndim(x):
+    raise ValueError(f"{ctx.op} node {ctx.name!r}: paddings must have shape [{np.ndim(x)}, 2]")
+  pairs = list(zip(flat[::2], flat[1::2]))
+  if any(p < 0 for pair in pairs for p in pair):
+    raise ValueError(f"{ctx.op} node {ctx.name!r}: paddings must be non-negative, got {pairs}")
+  return pairs
+
+
+@register("Pad")
+def pad(ctx, x, paddings):
+  return xp(x).pad(x, _paddings(ctx, paddings, x))
+
+
+@register("PadV2")
+def pad_v2(ctx, x, paddings, constant_value):
+  return xp(x, constant_value).pad(x, _paddings(ctx, paddings, x), constant_values=constant_value)
+
+
+def _mirror_mode(ctx) -> str:
+  """TF's MirrorPad mode as NumPy's `np.pad` mode."""
+  mode = ctx.attr("mode")
+  mode = mode.decode() if isinstance(mode, bytes) else mode
+  if mode not in ("REFLECT", "SYMMETRIC"):
+    raise ValueError(f"{ctx.op} node {ctx.name!r}: unknown mode {mode!r}")
+  return mode.lower()
+
+
+@register("MirrorPad")
+def mirror_pad(ctx, x, paddings):
+  mode = _mirror_mode(ctx)
+  pairs = _paddings(ctx, paddings, x)
+  limit = 0 if mode == "reflect" else 1
+  for (lo, hi), d in zip(pairs, np.shape(x)):
+    if max(lo, hi) > d - 1 + limit:
+      raise ValueError(f"MirrorPad node {ctx.name!r}: {mode} paddings {pairs} are too large for shape "
+                       f"{np.shape(x)}")
+  return xp(x).pad(x, pairs, mode=mode)
+
+
+@register("MirrorPadGrad")
+def mirror_pad_grad(ctx, grad, paddings):
+  """The gradient of MirrorPad: padded entries folded back onto the ones they mirror."""
+  pairs = _paddings(ctx, paddings, grad)
+  shape = [d - lo - hi for d, (lo, hi) in zip(np.shape(grad), pairs)]
+  mode = _mirror_mode(ctx)
+  _, pullback = jax.vjp(lambda x: jnp.pad(x, pairs, mode=mode), jnp.zeros(shape, grad.dtype))
+  return pullback(jnp.asarray(grad))[0]
+
+
+# --------------------------------------------------------------------------- gather and scatter
+
+
+def _bad_indices_ignored(ctx) -> bool:
+  policy = ctx.attr("bad_indices_policy", "")
+  return (policy.decode() if isinstance(policy, bytes) else policy) == "IGNORE"
+
+
+def _get(x, index, zeros_out_of_range: bool):
+  """`x[index]`; NumPy raises on out-of-range indices, JAX clamps (or fills zeros)."""
+  if is_concrete(x) and all(is_concrete(i) for i in index if not isinstance(i, slice)):
+    return np.asarray(x[index])
+  if zeros_out_of_range:
+    return jnp.asarray(x).at[index].get(mode="fill", fill_value=0)
+  return jnp.asarray(x).at[index].get(mode="clip")
+
+
+def _batch_grids(batch_shape, n_trailing: int) -> tuple:
+  """Aranges that pick, for each batch position, the same position in `params`."""
+  b = len(batch_shape)
+  return tuple(np.arange(d).reshape((1,) * k + (d,) + (1,) * (b - 1 - k + n_trailing))
+               for k, d in enumerate(batch_shape))
+
+
+def _gather_axis(ctx, params, indices, axis: int, batch_dims: int):
+  """`params` gathered along `axis` by `indices`, the first `batch_dims` dims shared."""
+  ndim_i = np.ndim(indices)
+  grids = _batch_grids(np.shape(indices)[:batch_dims], ndim_i - batch_dims)
+  middle = (slice(None),) * (axis - batch_dims)
+  out = _get(params, grids + middle + (indices,), _bad_indices_ignored(ctx))
+  if batch_dims and axis > batch_dims:
+    # advanced indices separated by slices move to the front: B + I + middle + rest
+    n_i, n_mid = ndim_i - batch_dims, axis - batch_dims
+    order = (list(range(batch_dims)) + list(range(batch_dims + n_i, batch_dims + n_i + n_mid))
+             + list(range(batch_dims, batch_dims + n_i)))
+    order += list(range(len(order), np.ndim(out)))
+    out = xp(out).transpose(out, order)
+  return out
+
+
+@register("Gather")
+def gather(ctx, params, indices):
+  return _gather_axis(ctx, params, indices, 0, 0)
+
+
+@register("GatherV2")
+def gather_v2(ctx, params, indices, axis):
+  batch_dims = ctx.attr("batch_dims", 0)
+  if batch_dims < 0:
+    batch_dims += np.ndim(indices)
+  axis = _axis(ctx, _static_int(ctx, axis, "axis"), np.ndim(params))
+  if not 0 <= batch_dims <= min(axis, np.ndim(indices)):
+    raise ValueError(f"GatherV2 node {ctx.name!r}: batch_dims {batch_dims} must be in [0, min(axis, "
+                     f"rank(indices))] = [0, {min(axis, np.ndim(indices))}]")
+  return _gather_axis(ctx, params, indices, axis, batch_dims)
+
+
+def _nd_index(indices, batch_dims: int) -> tuple:
+  """GatherNd/ScatterNd indices [..., K] as a NumPy-style index of K arrays (after the batch grids)."""
+  n_trailing = np.ndim(indices) - 1 - batch_dims
+  grids = _batch_grids(np.shape(indices)[:batch_dims], n_trailing)
+  return grids + tuple(indices[..., k] for k in range(np.shape(indices)[-1]))
+
+
+@register("GatherNd")
+def gather_nd(ctx, params, indices):
+  batch_dims = ctx.attr("batch_dims", 0)
+  if np.shape(indices)[-1] == 0:   # whole slices: broadcast params over the index dims
+    lead = np.shape(indices)[batch_dims:-1]
+    m = xp(params)
+    p_shape = np.shape(params)
+    expanded = m.reshape(params, p_shape[:batch_dims] + (1,) * len(lead) + p_shape[batch_dims:])
+    return m.broadcast_to(expanded, p_shape[:batch_dims] + lead + p_shape[batch_dims:])
+  return _get(params, _nd_index(indices, batch_dims), _bad_indices_ignored(ctx))
+
+
+_SCATTER_NUMPY = {"add": np.add.at, "sub": np.subtract.at, "mul": np.multiply.at, "max": np.maximum.at,
+                  "min": np.minimum.at}
+
+
+def _scatter(base, indices, updates, how: str):
+  """`base` with `updates` combined in at `indices` ([..., K]); duplicates combine like TF."""
+  index = _nd_index(indices, 0)
+  if all(is_concrete(a) for a in (base, indices, updates)):
+    out = np.array(base, copy=True)
+    if how == "set":
+      out[index] = updates
+    else:
+      _SCATTER_NUMPY[how](out, index, updates)
+    return out
+  base = jnp.asarray(base)
+  at, updates = base.at[index], jnp.asarray(updates).astype(base.dtype)
+  combine = {"set": at.set, "add": at.add, "sub": at.subtract, "mul": at.multiply, "max": at.max, "min": at.min}
+  return combine[how](updates)
+
+
+@register("ScatterNd")
+def scatter_nd(ctx, indices, updates, shape_):
+  m = xp(indices, updates)
+  zeros = m.zeros(_static(ctx, shape_, "shape"), dtype=_dtype(m, ctx.attr("T")))
+  return _scatter(zeros, indices, updates, "add")
+
+
+_TENSOR_SCATTER = {"TensorScatterUpdate": "set", "TensorScatterAdd": "add", "TensorScatterSub": "sub",
+                   "TensorScatterMax": "max", "TensorScatterMin": "min"}
+
+
+@register(*_TENSOR_SCATTER)
+def tensor_scatter(ctx, tensor, indices, updates):
+  return _scatter(tensor, indices, updates, _TENSOR_SCATTER[ctx.op])
+
+
+def _segment_initial(how: str, dtype) -> object:
+  """TF's value for an empty segment: the identity, or the dtype's extreme finite value."""
+  if how in ("add", "mul"):
+    return 0 if how == "add" else 1
+  info = np.iinfo(dtype) if np.issubdtype(dtype, np.integer) else ml_dtypes.finfo(dtype)
+  return info.min if how == "max" else info.max
+
+
+_SEGMENT_REDUCTIONS = {"UnsortedSegmentSum": "add", "UnsortedSegmentProd": "mul",
+                       "UnsortedSegmentMax": "max", "UnsortedSegmentMin": "min"}
+
+
+@register(*_SEGMENT_REDUCTIONS)
+def unsorted_segment(ctx, data, segment_ids, num_segments):
+  """Reduces the slices of `data` into `num_segments` rows; negative ids are dropped like TF."""
+  how = _SEGMENT_REDUCTIONS[ctx.op]
+  n = _static_int(ctx, num_segments, "num_segments")
+  if is_concrete(data) and is_concrete(segment_ids):
+    kept = (segment_ids >= 0) & (segment_ids < n)
+    return _segment_reduce(np.asarray(data)[kept], np.asarray(segment_ids)[kept], n, how)
+  ids = jnp.where(segment_ids < 0, n, segment_ids)   # out of range: dropped by the scatter
+  if how == "mul":
+    return _segment_prod(jnp.asarray(data), ids, n)
+  return _segment_reduce(jnp.asarray(data), ids, n, how)
+
+
+def _segment_reduce(data, ids, n: int, how: str):
+  base = xp(data, ids).full((n,) + np.shape(data)[np.ndim(ids):], _segment_initial(how, data.dtype),
+                            dtype=data.dtype)
+  return _scatter(base, ids[..., None], data, how)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _segment_prod(data, ids, n: int):
+  """Segment products; JAX cannot differentiate a multiplying scatter with repeated indices."""
+  return _segment_reduce(data, ids, n, "mul")
+
+
+@_segment_prod.defjvp
+def _segment_prod_jvp(n, primals, tangents):
+  """d out[s] / d data[i] = product of the other entries of segment s (zeros handled like TF)."""
+  data, ids = primals
+  out = _segment_prod(data, ids, n)
+  is_zero = data == 0
+  zeros_in_segment = _segment_reduce(is_zero.astype(jnp.int32), ids, n, "add")
+  nonzero_product = _segment_reduce(jnp.where(is_zero, 1, data), ids, n, "mul")
+  per_entry = lambda v: jnp.take(v, ids, axis=0, mode="fill", fill_value=0)
+  zeros = per_entry(zeros_in_segment)
+  partial = jnp.where(zeros == 0, per_entry(out) / jnp.where(is_zero, 1, data),
+                      jnp.where((zeros == 1) & is_zero, per_entry(nonzero_product), 0))
+  return out, _segment_reduce(partial * tangents[0], ids, n, "add")
+
+
+# --------------------------------------------------------------------------- selection
+
+
+@register("Where")
+def where(ctx, condition):
+  """Coordinates of the true (non-zero) elements, int64 [num_true, rank]."""
+  return np.argwhere(_concrete_values(ctx, condition)).astype(np.int64)
+
+
+@register("Select")
+def select(ctx, condition, t, e):
+  """Select v1: a vector condition picks rows of higher-rank `t`/`e`."""
+  if np.ndim(condition) == 1 and np.ndim(t) > 1:
+    condition = condition.reshape((-1,) + (1,) * (np.ndim(t) - 1))
+  return xp(condition, t, e).where(condition, t, e)
+
+
+@register("SelectV2")
+def select_v2(ctx, condition, t, e):
+  return xp(condition, t, e).where(condition, t, e)
+
+
+@register("OneHot")
+def one_hot(ctx, indices, depth, on_value, off_value):
+  depth = _static_int(ctx, depth, "depth")
+  m = xp(indices, on_value, off_value)
+  axis = _axis(ctx, ctx.attr("axis", -1), np.ndim(indices) + 1)
+  positions = np.arange(depth).reshape([depth if d == axis else 1 for d in range(np.ndim(indices) + 1)])
+  hit = m.expand_dims(indices, axis) == positions
+  return m.where(hit, on_value, off_value).astype(_dtype(m, ctx.attr("T")))
+
+
+@register("TopKV2", "TopK")
+def top_k(ctx, x, k=None):
+  """Largest `k` along the last axis, ties in index order; `sorted=False` also returns them sorted."""
+  k = _static_int(ctx, k, "k") if k is not None else ctx.attr("k")
+  values, indices = lax.top_k(x, k)
+  return values, indices.astype(_dtype(jnp, ctx.attr("index_type", np.int32)))
+
+
+def _unique(ctx, x, axis: int | None):
+  """Unique slices in order of first occurrence (TF), their inverse index and counts."""
+  values = _concrete_values(ctx, x)
+  _, first, inverse, counts = np.unique(values, return_index=True, return_inverse=True,
+                                        return_counts=True, axis=axis)
+  order = np.argsort(first, kind="stable")
+  rank_ = np.empty_like(order)
+  rank_[order] = np.arange(len(order))
+  out_idx = ctx.attr("out_idx", np.int32)
+  unique = np.take(values, first[order], axis=0 if axis is None else axis)
+  return unique, rank_[inverse.reshape(-1)].astype(out_idx), counts[order].astype(out_idx)
+
+
+@register("Unique")
+def unique(ctx, x):
+  return _unique(ctx, x, None)[:2]
+
+
+@register("UniqueWithCounts")
+def unique_with_counts(ctx, x):
+  return _unique(ctx, x, None)
+
+
+def _unique_axis(ctx, x, axis) -> int | None:
+  axes = _static(ctx, axis, "axis")
+  if not axes:
+    return None
+  return _axis(ctx, axes[0], np.ndim(x))
+
+
+@register("UniqueV2")
+def unique_v2(ctx, x, axis):
+  return _unique(ctx, x, _unique_axis(ctx, x, axis))[:2]
+
+
+@register("UniqueWithCountsV2")
+def unique_with_counts_v2(ctx, x, axis):
+  return _unique(ctx, x, _unique_axis(ctx, x, axis))
+
+
+# --------------------------------------------------------------------------- reordering
+
+
+@register("ReverseV2")
+def reverse_v2(ctx, x, axis):
+  axes = tuple(_axis(ctx, a, np.ndim(x)) for a in _static(ctx, axis, "axis"))
+  return xp(x).flip(x, axis=axes) if axes else x
+
+
+@register("Reverse")
+def reverse(ctx, x, dims):
+  axes = tuple(i for i, flag in enumerate(_static(ctx, dims, "dims")) if flag)
+  return xp(x).flip(x, axis=axes) if axes else x
+
+
+@register("ReverseSequence")
+def reverse_sequence(ctx, x, seq_lengths):
+  """Reverses the first `seq_lengths[b]` entries along `seq_dim` of each batch entry `b`."""
+  ndim = np.ndim(x)
+  seq_dim = _axis(ctx, ctx.attr("seq_dim"), ndim)
+  batch_dim = _axis(ctx, ctx.attr("batch_dim", 0), ndim)
+  m = xp(x, seq_lengths)
+  steps = np.arange(np.shape(x)[seq_dim]).reshape([-1 if d == seq_dim else 1 for d in range(ndim)])
+  lengths = m.reshape(seq_lengths, [-1 if d == batch_dim else 1 for d in range(ndim)])
+  source = m.where(steps < lengths, lengths - 1 - steps, steps)
+  return m.take_along_axis(x, m.broadcast_to(source, np.shape(x)), axis=seq_dim)
+
+
+@register("Roll")
+def roll(ctx, x, shift, axis):
+  axes = [_axis(ctx, a, np.ndim(x)) for a in _static(ctx, axis, "axis")]
+  if is_concrete(shift):
+    shifts = _static(ctx, shift, "shift")
+    if len(shifts) != len(axes):
+      raise ValueError(f"Roll node {ctx.name!r}: shift {shifts} and axis {axes} must have the same length")
+    return xp(x).roll(x, shifts, axis=axes)
+  return jnp.roll(x, shift, axis=tuple(axes))
+
+
+@register("InvertPermutation")
+def invert_permutation(ctx, x):
+  m = xp(x)
+  return m.argsort(x).astype(_dtype(m, ctx.attr("T")))
+
+
+# --------------------------------------------------------------------------- sequences
+
+
+@register("Range")
+def range_(ctx, start, limit, delta):
+  """TF's Range, computed in `Tidx` like its kernel: the length, then `start + i * delta`."""
+  dtype = np.dtype(ctx.attr("Tidx"))
+  start, limit, delta = (np.asarray(_static_scalar(ctx, v, n), dtype=dtype)[()]
+                         for v, n in ((start, "start"), (limit, "limit"), (delta, "delta")))
+  if delta == 0:
+    raise ValueError(f"Range node {ctx.name!r}: delta must not be 0")
+  if (delta > 0 and start > limit) or (delta < 0 and start < limit):
+    raise ValueError(f"Range node {ctx.name!r}: start {start} cannot reach limit {limit} with delta {delta}")
+  if np.issubdtype(dtype, np.integer):
+    return np.arange(start, limit, delta, dtype=dtype)
+  n = int(np.ceil(np.abs((limit - start) / delta)))
+  return start + np.arange(n).astype(dtype) * delta
+
+
+@register("LinSpace")
+def lin_space(ctx, start, stop, num):
+  """`start + i * step`, the last value exactly `stop`, as TF's kernel computes it."""
+  num = _static_int(ctx, num, "num")
+  if num <= 0:
+    raise ValueError(f"LinSpace node {ctx.name!r}: num must be positive, got {num}")
+  m = xp(start, stop)
+  dtype = _dtype(m, ctx.attr("T"))
+  if num == 1:
+    return m.reshape(m.asarray(start, dtype), (1,))
+  step = (stop - start) / (num - 1)
+  head = start + step * np.arange(num - 1).astype(dtype)
+  return m.concatenate([head, m.reshape(stop, (1,))]).astype(dtype)
+
+
+# --------------------------------------------------------------------------- matrix bands and diagonals
+
+
+@register("MatrixBandPart")
+def matrix_band_part(ctx, x, num_lower, num_upper):
+  """Keeps the band `-num_lower <= col - row <= num_upper` (negative means unbounded), zeroes the rest."""
+  rows, cols = np.shape(x)[-2:]
+  m = xp(x, num_lower, num_upper)
+  below = np.arange(rows)[:, None] - np.arange(cols)[None, :]
+  in_band = (((num_lower < 0) | (below <= num_lower)) & ((num_upper < 0) | (-below <= num_upper)))
+  return m.where(in_band, x, m.zeros((), dtype=x.dtype))
+
+
+def _diag_range(ctx, k) -> tuple[int, int]:
+  ks = _static(ctx, k, "k")
+  if not 1 <= len(ks) <= 2 or ks[0] > ks[-1]:
+    raise ValueError(f"{ctx.op} node {ctx.name!r}: k must be a scalar or a pair lo <= hi, got {ks}")
+  return ks[0], ks[-1]
+
+
+def _diag_len(d, rows: int, cols: int):
+  return np.minimum(rows + np.minimum(d, 0), cols - np.maximum(d, 0))
+
+
+def _diag_offset(d, max_len: int, rows: int, cols: int, align: str):
+  """Left padding of diagonal(s) `d` in the packed layout (TF's `align`: superdiagonals_subdiagonals)."""
+  super_align, sub_align = align.split("_")
+  right = ((d >= 0) & (super_align == "RIGHT")) | ((d <= 0) & (sub_align == "RIGHT"))
+  return np.where(right, max_len - _diag_len(d, rows, cols), 0)
+
+
+def _align(ctx) -> str:
+  align = ctx.attr("align", "LEFT_LEFT")   # v1/v2 ops have no attribute; v2 packs left-aligned
+  return align.decode() if isinstance(align, bytes) else align
+
+
+def _packed_positions(k0: int, k1: int, rows: int, cols: int, max_len: int, align: str):
+  """For each matrix entry: its packed diagonal, its position there, and whether it is in the band."""
+  r = np.arange(rows)[:, None]
+  c = np.arange(cols)[None, :]
+  d = c - r
+  position = np.minimum(r, c) + _diag_offset(d, max_len, rows, cols, align)
+  in_band = (d >= k0) & (d <= k1) & (position < max_len)
+  return np.where(in_band, k1 - d, 0), np.where(in_band, position, 0), in_band
+
+
+def _packed_diagonals(diagonal, k0: int, k1: int):
+  """Diagonals as [..., num_diags, max_len] (a single diagonal comes without the num_diags axis)."""
+  return xp(diagonal).expand_dims(diagonal, -2) if k0 == k1 else diagonal
+
+
+def _padding(ctx, m, padding_value):
+  return m.asarray(padding_value).astype(_dtype(m, ctx.attr("T")))
+
+
+@register("MatrixDiag", "MatrixDiagV2", "MatrixDiagV3")
+def matrix_diag(ctx, diagonal, k=0, num_rows=-1, num_cols=-1, padding_value=0):
+  k0, k1 = _diag_range(ctx, k) if ctx.op != "MatrixDiag" else (0, 0)
+  max_len = np.shape(diagonal)[-1]
+  rows, cols = _static_int(ctx, num_rows, "num_rows"), _static_int(ctx, num_cols, "num_cols")
+  min_rows, min_cols = max_len - min(k1, 0), max_len + max(k0, 0)
+  if rows == -1 and cols == -1:
+    rows = cols = max(min_rows, min_cols)
+  rows = min_rows if rows == -1 else rows
+  cols = min_cols if cols == -1 else cols
+  which, position, in_band = _packed_positions(k0, k1, rows, cols, max_len, _align(ctx))
+  m = xp(diagonal, padding_value)
+  values = _packed_diagonals(diagonal, k0, k1)[..., which, position]
+  return m.where(in_band, values, _padding(ctx, m, padding_value))
+
+
+@register("MatrixSetDiag", "MatrixSetDiagV2", "MatrixSetDiagV3")
+def matrix_set_diag(ctx, x, diagonal, k=0):
+  k0, k1 = _diag_range(ctx, k) if ctx.op != "MatrixSetDiag" else (0, 0)
+  rows, cols = np.shape(x)[-2:]
+  max_len = np.shape(diagonal)[-1]
+  which, position, in_band = _packed_positions(k0, k1, rows, cols, max_len, _align(ctx))
+  values = _packed_diagonals(diagonal, k0, k1)[..., which, position]
+  return xp(x, diagonal).where(in_band, values, x)
+
+
+@register("MatrixDiagPart", "MatrixDiagPartV2", "MatrixDiagPartV3")
+def matrix_diag_part(ctx, x, k=0, padding_value=0):
+  k0, k1 = _diag_range(ctx, k) if ctx.op != "MatrixDiagPart" else (0, 0)
+  rows, cols = np.shape(x)[-2:]
+  max_len = max(min(rows + min(k1, 0), cols - max(k0, 0)), 0)
+  d = k1 - np.arange(k1 - k0 + 1)[:, None]           # the diagonal of each packed row
+  i = np.arange(max_len)[None, :] - _diag_offset(d, max_len, rows, cols, _align(ctx))
+  valid = (i >= 0) & (i < _diag_len(d, rows, cols))  # i: the position along the diagonal
+  r = np.where(valid, i - np.minimum(d, 0), 0)
+  c = np.where(valid, i + np.maximum(d, 0), 0)
+  m = xp(x, padding_value)
+  out = m.where(valid, x[..., r, c], _padding(ctx, m, padding_value))
+  return out[..., 0, :] if k0 == k1 else out

@@ -1,0 +1,318 @@
+"""Array plumbing ops against TF: shapes, reshaping, padding, selection, reordering, sequences, diagonals."""
+import jax
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import jaxport
+from oracle import assert_close, check, run_rule
+
+raw = tf.raw_ops
+rs = np.random.RandomState(0)
+X = rs.normal(size=(2, 3, 4)).astype(np.float32)
+M = rs.normal(size=(2, 3, 4)).astype(np.float32)
+V = rs.normal(size=(5,)).astype(np.float32)
+
+
+def shape_of(x):
+  return raw.Shape(input=x)   # tf.shape folds to a constant when the static shape is known
+
+
+# --------------------------------------------------------------------------- shapes
+
+
+def test_shape_size_rank_shape_n():
+  check(lambda x: (shape_of(x), raw.Size(input=x), raw.Rank(input=x), raw.ShapeN(input=[x, x[0]])), X)
+
+
+def test_shape_int64_out_type():
+  with jax.enable_x64(True):
+    check(lambda x: (raw.Shape(input=x, out_type=tf.int64), raw.Size(input=x, out_type=tf.int64)), X)
+
+
+def test_shape_of_traced_input_is_numpy():
+  seen = []
+
+  def probe(x):
+    seen.append(run_rule("Shape", x, out_type=np.int32))
+    return x
+
+  jax.jit(probe)(X)
+  jax.vmap(probe)(X)
+  assert [type(s) for s in seen] == [np.ndarray, np.ndarray]
+  np.testing.assert_array_equal(seen[0], [2, 3, 4])
+  np.testing.assert_array_equal(seen[1], [3, 4])   # per-example shape under vmap
+
+
+@pytest.mark.parametrize("s0,s1", [([2, 1, 3], [1, 1]), ([1], [1]), ([], [2, 1]), ([4, 1], [3]),
+                                   ([2, 3], [2, 3]), ([1, 3], [2, 1])])
+def test_broadcast_args_and_gradient_args(s0, s1):
+  a, b = np.zeros(s0, np.float32), np.zeros(s1, np.float32)
+  check(lambda a, b: (raw.BroadcastArgs(s0=shape_of(a), s1=shape_of(b)),
+                      *raw.BroadcastGradientArgs(s0=shape_of(a), s1=shape_of(b))), a, b, vmap=False)
+
+
+def test_constant_shape_arithmetic_stays_numpy():
+  packed = run_rule("Pack", np.int32(2), np.asarray(3, np.int32), axis=0, T=np.int32, N=2)
+  joined = run_rule("ConcatV2", packed, np.asarray([-1], np.int32), np.int32(0), T=np.int32, N=2)
+  sliced = run_rule("StridedSlice", joined, np.asarray([1]), np.asarray([2]), np.asarray([1]),
+                    shrink_axis_mask=1)
+  gathered = run_rule("GatherV2", joined, np.asarray([2, 0]), np.int32(0), batch_dims=0)
+  ranged = run_rule("Range", np.int32(0), sliced, np.int32(1), Tidx=np.int32)
+  for value, expected in [(packed, [2, 3]), (joined, [2, 3, -1]), (sliced, 3), (gathered, [-1, 2]),
+                          (ranged, [0, 1, 2])]:
+    assert type(value) is np.ndarray and value.dtype == np.int32
+    np.testing.assert_array_equal(value, expected)
+
+
+# --------------------------------------------------------------------------- reshaping, joining, splitting
+
+RESHAPING = {
+    "reshape": (lambda x: tf.reshape(x, [4, -1]), X),
+    "reshape_scalar": (lambda v: tf.reshape(v[:1], []), V),
+    "squeeze_dims": (lambda x: tf.squeeze(x[:, :1, :, None], axis=[1, -1]), X),
+    "squeeze_all": (lambda x: tf.squeeze(x[:1, :, None]), X),
+    "expand_dims": (lambda x: (tf.expand_dims(x, 1), tf.expand_dims(x, -1), tf.expand_dims(x, -4)), X),
+    "transpose": (lambda x: tf.transpose(x, [2, 0, 1]), X),
+    "pack": (lambda x, y: (tf.stack([x, y], axis=1), tf.stack([x, y], axis=-1)), X, M),
+    "unpack": (lambda x: (tf.unstack(x, axis=1), tf.unstack(x, axis=-1)), X),
+    "concat_v2": (lambda x, y: (tf.concat([x, y], axis=1), tf.concat([x, y, x], axis=-1)), X, M),
+    "concat_v1": (lambda x, y: raw.Concat(concat_dim=2, values=[x, y]), X, M),
+    "split": (lambda x: tf.split(x, 2, axis=-1), X),
+    "split_v": (lambda x: tf.split(x, [1, -1, 2], axis=2), X),
+    "tile": (lambda x: tf.tile(x, [2, 1, 3]), X),
+    "broadcast_to": (lambda x: tf.broadcast_to(x[:, :1], [4, 2, 3, 4]), X),
+    "fill_traced_value": (lambda v: tf.fill([2, 3], v[0]), V),
+    "fill_int": (lambda x: tf.fill(shape_of(x)[1:], 7), X),
+}
+
+
+@pytest.mark.parametrize("name", list(RESHAPING))
+def test_reshaping(name):
+  fn, *args = RESHAPING[name]
+  check(fn, *args)
+
+
+def test_conjugate_transpose():
+  z = (X + 1j * M).astype(np.complex64)
+  fn = jaxport.convert_functional(lambda z: raw.ConjugateTranspose(x=z, perm=[1, 0, 2]), z)
+  expected = raw.ConjugateTranspose(x=z, perm=[1, 0, 2]).numpy()
+  for got in (fn(z), jax.jit(fn)(z)):
+    assert got.dtype == np.complex64
+    np.testing.assert_array_equal(np.asarray(got), expected)   # oracle.check compares real parts only
+
+
+def test_concat_offset():
+  check(lambda x, y: raw.ConcatOffset(concat_dim=1, shape=[shape_of(x), shape_of(y)]), X, M[:, :2], vmap=False)
+
+
+def test_split_v_rejects_bad_sizes():
+  with pytest.raises(ValueError, match="size_splits"):
+    run_rule("SplitV", X, np.asarray([1, 1]), np.int32(1), num_split=2)
+
+
+def test_static_operand_error_names_op_and_operand():
+  fn, params = jaxport.convert(lambda x, s: tf.reshape(x, s), X, np.asarray([4, 6], np.int32))
+  with pytest.raises(ValueError, match="Reshape operand 'shape'"):
+    fn(params, X, np.asarray([4, 6], np.int32))
+
+
+# --------------------------------------------------------------------------- padding
+
+
+PADDINGS = [[1, 0], [0, 2], [2, 1]]
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("pad", lambda x: tf.pad(x, PADDINGS)),
+    ("pad_v2", lambda x: tf.pad(x, PADDINGS, constant_values=-2.5)),
+    ("reflect", lambda x: tf.pad(x, [[1, 1], [2, 0], [0, 3]], mode="REFLECT")),
+    ("symmetric", lambda x: tf.pad(x, [[2, 1], [3, 0], [0, 4]], mode="SYMMETRIC")),
+])
+def test_pad(name, fn):
+  check(fn, X)
+
+
+def test_pad_v2_traced_constant():
+  check(lambda x, c: tf.pad(x, PADDINGS, constant_values=c), X, np.float32(3.5), grad=False)
+
+
+def test_mirror_pad_rejects_too_large_paddings():
+  with pytest.raises(ValueError, match="too large"):
+    run_rule("MirrorPad", X, np.asarray([[2, 0], [0, 0], [0, 0]]), mode="REFLECT")
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def test_where_coordinates_eager_int64():
+  with jax.enable_x64(True):
+    for cond in (X > 0, (X > 0)[0, 0]):
+      check(lambda c: tf.where(c), cond, jit=False, vmap=False)
+    check(lambda x: tf.where(x), X.round(), jit=False, vmap=False)   # numeric input: non-zero entries
+
+
+def test_where_under_jit_raises_clearly():
+  fn = jaxport.convert_functional(lambda c: tf.where(c), X > 0)
+  with pytest.raises(ValueError, match="Where node .* depends on its input values"):
+    jax.jit(fn)(X > 0)
+
+
+def select_v1(c, x, y):
+  return raw.Select(condition=c, x=x, y=y)
+
+
+@pytest.mark.parametrize("name,fn,args,vmap", [
+    ("select_same_shape", select_v1, (X > 0, X, M), True),
+    ("select_rows", select_v1, (np.array([True, False]), X, M), False),   # rows of the unbatched input
+    ("select_scalar", select_v1, (np.array(False), X, M), True),
+    ("select_v2_broadcast", lambda c, x, y: tf.where(c, x, y[0, :, :1]), (X[0, 0] > 0, X, M), True),
+])
+def test_select(name, fn, args, vmap):
+  check(fn, *args, vmap=vmap)
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+def test_one_hot(axis):
+  indices = np.array([[0, 2, -1], [3, 1, 1]], np.int32)   # -1 and 3 are out of range: all off
+  check(lambda i: tf.one_hot(i, 3, on_value=2.5, off_value=-1.0, axis=axis), indices)
+  check(lambda i: tf.one_hot(i, 4, dtype=tf.int32, axis=axis), indices.astype(np.int64))
+
+
+def test_one_hot_traced_on_off_values():
+  check(lambda i, on, off: tf.one_hot(i, 3, on_value=on, off_value=off),
+        np.array([0, 2, 1], np.int32), np.float32(4.0), np.float32(0.5), grad=False)
+
+
+def test_top_k_sorted_ties_by_index():
+  x = np.array([[1.0, 3.0, 3.0, 2.0, 3.0], [0.5, -1.0, 0.5, 0.5, 7.0]], np.float32)
+  check(lambda x: tf.math.top_k(x, 3), x, grad=False)
+  check(lambda x: tf.math.top_k(x, 2), X)
+
+
+def test_top_k_unsorted_as_a_set():
+  check(lambda x: tf.math.top_k(tf.math.top_k(x, 3, sorted=False).values, 3).values, X)
+
+
+@pytest.mark.parametrize("op", ["Unique", "UniqueWithCounts"])
+def test_unique_first_occurrence_order(op):
+  x = np.array([4, 1, 4, 7, 1, 1, 0], np.int32)
+  check(lambda x: getattr(raw, op)(x=x, out_idx=tf.int32), x, jit=False, vmap=False)
+  check(lambda x: getattr(raw, op)(x=x, out_idx=tf.int64)[0], x.astype(np.float32),
+        jit=False, vmap=False, grad=False)
+
+
+def test_unique_v2_along_axis():
+  x = np.array([[1, 2], [3, 4], [1, 2], [0, 0]], np.int32)
+  check(lambda x: raw.UniqueV2(x=x, axis=[0]), x, jit=False, vmap=False)
+  check(lambda x: raw.UniqueWithCountsV2(x=x, axis=[1]), x.T.copy(), jit=False, vmap=False)
+
+
+# --------------------------------------------------------------------------- reordering
+
+
+@pytest.mark.parametrize("name,fn,args", [
+    ("reverse_v2", lambda x: (tf.reverse(x, [0, -1]), tf.reverse(x, [])), (X,)),
+    ("reverse_v1", lambda x: raw.Reverse(tensor=x, dims=[False, True, True]), (X,)),
+    ("reverse_sequence_seq1", lambda x: tf.reverse_sequence(x, [3, 1], seq_axis=1, batch_axis=0), (X,)),
+    ("reverse_sequence_seq2_batch1", lambda x: tf.reverse_sequence(x, [4, 0, 2], seq_axis=2, batch_axis=1), (X,)),
+    ("reverse_sequence_traced_lengths",
+     lambda x, n: tf.reverse_sequence(x, n, seq_axis=2, batch_axis=0), (X, np.array([2, 4], np.int64))),
+    ("roll_scalar", lambda x: tf.roll(x, -2, axis=2), (X,)),
+    ("roll_vector_repeated_axis", lambda x: tf.roll(x, [1, 2, 5], axis=[0, 2, 2]), (X,)),
+    ("roll_traced_shift", lambda x, s: tf.roll(x, s, axis=[1, 2]), (X, np.array([1, -3], np.int32))),
+    ("invert_permutation", lambda p: tf.math.invert_permutation(p), (np.array([3, 0, 4, 1, 2], np.int32),)),
+])
+def test_reordering(name, fn, args):
+  check(fn, *args)
+
+
+# --------------------------------------------------------------------------- sequences
+
+
+@pytest.mark.parametrize("start,limit,delta,dtype", [
+    (0, 7, 2, tf.int32), (5, -4, -3, tf.int32), (3, 3, 1, tf.int32),
+    (0.1, 1.7, 0.3, tf.float32), (2.0, -1.0, -0.7, tf.float32), (0.1, 2.3, 0.1, tf.float64),
+])
+def test_range(start, limit, delta, dtype):
+  with jax.enable_x64(dtype == tf.float64):
+    check(lambda: tf.range(start, limit, delta, dtype=dtype), vmap=False, atol=0, rtol=0)
+
+
+def test_range_from_shape():
+  check(lambda x: tf.range(shape_of(x)[-1]), X)
+  with jax.enable_x64(True):
+    check(lambda x: tf.range(tf.constant(1, tf.int64), raw.Size(input=x, out_type=tf.int64), 5), X)
+
+
+def test_range_rejects_unreachable_limit():
+  with pytest.raises(ValueError, match="cannot reach"):
+    run_rule("Range", np.int32(0), np.int32(5), np.int32(-1), Tidx=np.int32)
+
+
+@pytest.mark.parametrize("num", [1, 2, 7])
+def test_lin_space(num):
+  check(lambda: raw.LinSpace(start=tf.constant(-1.3), stop=tf.constant(2.9), num=num), vmap=False, atol=0, rtol=0)
+  check(lambda a, b: raw.LinSpace(start=a, stop=b, num=num), np.float32(0.5), np.float32(-3.0), grad=False)
+
+
+# --------------------------------------------------------------------------- bands and diagonals
+
+
+@pytest.mark.parametrize("lower,upper", [(0, -1), (1, 0), (-1, -1), (0, 0), (2, 1)])
+def test_matrix_band_part(lower, upper):
+  check(lambda x: tf.linalg.band_part(x, lower, upper), X)
+
+
+def test_matrix_band_part_traced_bounds():
+  check(lambda x, lo, hi: tf.linalg.band_part(x, lo, hi), X, np.int64(1), np.int64(-1))
+
+
+ALIGNS = ["RIGHT_LEFT", "LEFT_RIGHT", "LEFT_LEFT", "RIGHT_RIGHT"]
+D3 = rs.normal(size=(2, 3, 4)).astype(np.float32)   # [batch, num_diags, max_len]
+
+
+@pytest.mark.parametrize("align", ALIGNS)
+def test_matrix_diag_v3_band(align):
+  check(lambda d: tf.linalg.diag(d, k=(-1, 1), align=align, padding_value=9.0), D3)
+  check(lambda d: tf.linalg.diag(d, k=(1, 3), num_rows=4, align=align), D3)
+  check(lambda x: tf.linalg.diag_part(x, k=(-1, 2), align=align, padding_value=5.0), X)
+  check(lambda x: tf.linalg.diag_part(x, k=(-2, -1), align=align), X)
+  check(lambda x, d: tf.linalg.set_diag(x, d[:, :2, :3], k=(0, 1), align=align), X, D3)
+
+
+def test_matrix_diag_single_diagonal():
+  check(lambda v: (tf.linalg.diag(v), tf.linalg.diag(v, k=-2), tf.linalg.diag(v, k=1, num_rows=5, num_cols=7)), V)
+  check(lambda x: (tf.linalg.diag_part(x), tf.linalg.diag_part(x, k=2), tf.linalg.set_diag(x, x[:, 0, :3])), X)
+
+
+def test_matrix_diag_v1_v2():
+  check(lambda v, x: (raw.MatrixDiag(diagonal=v), raw.MatrixDiagPart(input=x),
+                      raw.MatrixSetDiag(input=x, diagonal=x[:, :, 0])), V, X)
+  # TF's gradients of the v2 band ops unpack with the v3 default alignment, not v2's LEFT_LEFT (a TF bug).
+  check(lambda d, x: (raw.MatrixDiagV2(diagonal=d, k=[-1, 1], num_rows=-1, num_cols=-1, padding_value=0.0),
+                      raw.MatrixDiagPartV2(input=x, k=[0, 1], padding_value=1.0),
+                      raw.MatrixSetDiagV2(input=x, diagonal=d[:, :2, :3], k=[-1, 0])), D3, X, grad=False)
+
+
+def test_matrix_diag_matches_tf_on_int():
+  x = np.arange(12, dtype=np.int32).reshape(3, 4)
+  fn = jaxport.convert_functional(lambda x: tf.linalg.diag_part(x, k=(-1, 1)), x)
+  assert_close(fn(x), tf.linalg.diag_part(x, k=(-1, 1)), 0, 0)
+
+
+def test_boolean_mask_eager_with_gradient():
+  """Where's data-dependent shape works without jit, also under jax.grad (the mask is concrete there)."""
+  check(lambda x: tf.boolean_mask(x, x[..., 0] > 0), X, jit=False, vmap=False)
+
+
+@pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16, tf.int8, tf.uint8, tf.bool])
+def test_dtypes_are_preserved(dtype):
+  x = (X > 0) if dtype == tf.bool else X.astype(dtype.as_numpy_dtype)
+
+  def plumbing(x):
+    return (tf.concat([x, x[::-1]], 0), tf.pad(x, [[1, 0], [0, 1], [0, 0]]), tf.gather(x, [1, 0], axis=2),
+            tf.transpose(x), tf.tile(x, [1, 2, 1]), tf.stack([x, x[:, ::-1]]), tf.reverse(x, [1]),
+            tf.where(x[0, 0] == x[0, 1], x, x[1]), tf.reshape(x, [-1]), tf.one_hot([0, 2], 3, x[0, 0, 0], x[0, 0, 1]))
+
+  check(plumbing, x, grad=False, vmap=False)
