@@ -26,6 +26,8 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/convert_bench.py
+	$(PY) benchmarks/data_bench.py
+	$(PY) benchmarks/interop_bench.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

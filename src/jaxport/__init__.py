@@ -6,8 +6,10 @@ from jaxport.config import get_config, override_config, update_config
 from jaxport.convert import (ConvertedFunction, Variable, convert, convert_from_restored,
                              convert_functional, convert_functional_from_restored,
                              get_unsupported_operations)
-from jaxport.errors import (DtypeMismatchError, JaxportError, MissingInputError, ShapeMismatchError,
-                            SignatureError, UnsupportedOperationsError)
+from jaxport.errors import (DeviceMismatchError, DtypeMismatchError, JaxportError, MissingInputError,
+                            ShapeMismatchError, ShardedArrayError, SignatureError,
+                            UnsupportedOperationsError, ZeroCopyError)
+from jaxport.interop import shares_memory, to_cupy, to_jax, to_numpy, to_tf, to_torch
 
 __version__ = "0.1.0"
 
@@ -16,4 +18,6 @@ __all__ = [
     "get_unsupported_operations", "get_config", "update_config", "override_config",
     "MissingInputError", "UnsupportedOperationsError", "ShapeMismatchError", "DtypeMismatchError",
     "SignatureError", "JaxportError", "ConvertedFunction", "Variable",
+    "to_jax", "to_torch", "to_tf", "to_numpy", "to_cupy", "shares_memory",
+    "ZeroCopyError", "DeviceMismatchError", "ShardedArrayError",
 ]

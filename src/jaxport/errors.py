@@ -37,3 +37,25 @@ class DtypeMismatchError(JaxportError, TypeError):
 
 class SignatureError(JaxportError, ValueError):
   """A restored function has no single unambiguous concrete signature."""
+
+
+class ZeroCopyError(JaxportError, BufferError):
+  """`copy=False` was asked for, but sharing the buffer is impossible; `.reasons` says why."""
+
+  def __init__(self, source: str, target: str, reasons):
+    self.reasons = tuple(reasons)
+    why = "; ".join(f"{r.kind}: {r.detail}" for r in self.reasons)
+    super().__init__(f"Cannot share this {source} buffer with {target} without a copy ({why}). "
+                     "Pass copy=None to allow the copy.")
+
+
+class DeviceMismatchError(JaxportError, ValueError):
+  """The target cannot address the source's device, and no `device=` asked for a transfer."""
+
+  def __init__(self, message: str, source_device: str, target_device: str | None):
+    self.source_device, self.target_device = source_device, target_device
+    super().__init__(message)
+
+
+class ShardedArrayError(JaxportError, ValueError):
+  """A single array was asked for, but the jax.Array is split across several devices."""
