@@ -40,13 +40,14 @@ def assert_close(actual, expected, atol, rtol, what=""):
   for a, e in zip(tree.flatten(actual), tree.flatten(expected)):
     a, e = _np(a), _np(e)
     assert a.shape == e.shape, f"{what}: shape {a.shape} != TF {e.shape}"
+    # Without x64, JAX holds TF's 64-bit types in 32 bits.
+    assert a.dtype == jax.dtypes.canonicalize_dtype(e.dtype), f"{what}: dtype {a.dtype} != TF {e.dtype}"
     if e.dtype.kind == "c":
       for part in (np.real, np.imag):
         np.testing.assert_allclose(part(a), part(e), atol=atol, rtol=rtol, err_msg=what)
     elif e.dtype.kind == "f" or e.dtype.name == "bfloat16":
       np.testing.assert_allclose(a.astype(np.float64), e.astype(np.float64), atol=atol, rtol=rtol, err_msg=what)
     else:
-      assert a.dtype == e.dtype, f"{what}: dtype {a.dtype} != TF {e.dtype}"
       np.testing.assert_array_equal(a, e, err_msg=what)
 
 

@@ -1,1 +1,657 @@
-"""Op rules: elementwise math, comparisons, logical ops and casts."""
+"""Op rules: elementwise math, activations, comparisons, logical ops and casts.
+
+Rules written as `fn(xp, *inputs)` run with NumPy when every input is a
+trace-time constant (so shape arithmetic stays static under jit) and with
+jax.numpy otherwise. Special functions that never take part in shape arithmetic
+always run with JAX.
+
+Where TF's gradient differs from JAX's default one (ties of Maximum/Minimum, Abs
+at 0, Pow at x <= 0, MulNoNan at y == 0, Selu/Relu6 kinks), the rule reproduces
+TF's gradient.
+
+Known differences from TF: integer division or modulo by zero and integers
+raised to negative powers are errors in TF and unspecified values here; with
+JAX's x64 mode off, 64-bit results are 32-bit.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.special as jsp
+import ml_dtypes
+import numpy as np
+from jax import lax
+
+from jaxport.convert.ops._util import xp
+from jaxport.convert.registry import register
+
+# --------------------------------------------------------------------------- helpers
+
+
+def apply(fn, inputs):
+  """`fn(xp, *inputs)` with NumPy for constants (warnings off, as TF has none) or jax.numpy."""
+  module = xp(*inputs)
+  if module is np:
+    with np.errstate(all="ignore"):
+      return np.asarray(fn(np, *[np.asarray(x) for x in inputs]))
+  return fn(jnp, *inputs)
+
+
+def _elementwise(*op_types):
+  """Registers `fn(xp, *inputs)` for `op_types`, computed as `apply` does."""
+  def decorator(fn):
+    register(*op_types)(lambda ctx, *inputs: apply(fn, inputs))
+    return fn
+  return decorator
+
+
+def _jax_elementwise(*op_types):
+  """Registers `fn(*inputs)` that always computes with JAX (no NumPy counterpart)."""
+  def decorator(fn):
+    register(*op_types)(lambda ctx, *inputs: fn(*[jnp.asarray(x) for x in inputs]))
+    return fn
+  return decorator
+
+
+def _is_float(x) -> bool:
+  return jnp.issubdtype(x.dtype, jnp.floating)
+
+
+def _is_complex(x) -> bool:
+  return jnp.issubdtype(x.dtype, jnp.complexfloating)
+
+
+def _is_integer(x) -> bool:
+  return jnp.issubdtype(x.dtype, jnp.integer)
+
+
+def _jax_dtype(dtype) -> np.dtype:
+  """The dtype JAX will really use (int64 is int32 when x64 is off); avoids JAX's warning."""
+  return jax.dtypes.canonicalize_dtype(dtype)
+
+
+def _x64_enabled() -> bool:
+  return _jax_dtype(np.int64) == np.int64
+
+
+def truncate_div(xp, x, y):
+  """Integer division rounding toward zero (C semantics), like TF's Div on integers."""
+  floor = xp.floor_divide(x, y)
+  inexact_negative = (xp.remainder(x, y) != 0) & ((x < 0) != (y < 0))
+  return xp.where(inexact_negative, floor + 1, floor)
+
+
+# --------------------------------------------------------------------------- unary math
+
+
+def _numpy_api(op_type, name):
+  """Registers `op_type` as the function called `name` in both NumPy and jax.numpy."""
+  _elementwise(op_type)(lambda xp, x: getattr(xp, name)(x))
+
+
+for _op, _name in {
+    "Neg": "negative", "Sign": "sign", "Square": "square", "Sqrt": "sqrt", "Exp": "exp",
+    "Expm1": "expm1", "Log": "log", "Log1p": "log1p", "Sin": "sin", "Cos": "cos", "Tan": "tan",
+    "Asin": "arcsin", "Acos": "arccos", "Atan": "arctan", "Sinh": "sinh", "Cosh": "cosh",
+    "Tanh": "tanh", "Asinh": "arcsinh", "Acosh": "arccosh", "Atanh": "arctanh", "Floor": "floor",
+    "Ceil": "ceil", "Rint": "rint", "IsNan": "isnan", "IsInf": "isinf", "IsFinite": "isfinite",
+    "Real": "real", "Imag": "imag", "Conj": "conj", "Angle": "angle", "ComplexAbs": "abs",
+    "Invert": "invert",
+}.items():
+  _numpy_api(_op, _name)
+
+
+def _filled_like(fill):
+  def rule(ctx, x):
+    if not hasattr(x, "dtype"):   # pytrees such as TensorLists: fill leaf by leaf
+      return jax.tree_util.tree_map(lambda leaf: jnp.full_like(leaf, fill), x)
+    return apply(lambda xp, x: xp.full_like(x, fill), (x,))
+  return rule
+
+
+register("ZerosLike")(_filled_like(0))
+register("OnesLike")(_filled_like(1))
+
+
+@_elementwise("Round")
+def _round(xp, x):
+  # Half to even, like TF; integers are unchanged.
+  return xp.round(x)
+
+
+@jax.custom_jvp
+def _abs_tf_grad(x):
+  return lax.abs(x)
+
+
+@_abs_tf_grad.defjvp
+def _abs_tf_grad_jvp(primals, tangents):
+  (x,), (t,) = primals, tangents
+  return lax.abs(x), t * lax.sign(x)   # TF: gradient sign(x), so 0 at 0
+
+
+@_elementwise("Abs")
+def _abs(xp, x):
+  return _abs_tf_grad(x) if xp is jnp and _is_float(x) else xp.abs(x)
+
+
+@_elementwise("Reciprocal", "Inv")
+def _reciprocal(xp, x):
+  return truncate_div(xp, xp.ones_like(x), x) if _is_integer(x) else xp.reciprocal(x)
+
+
+@_elementwise("Rsqrt")
+def _rsqrt(xp, x):
+  return lax.rsqrt(x) if xp is jnp else 1 / np.sqrt(x)
+
+
+@_jax_elementwise("Sigmoid")
+def _sigmoid(x):
+  return jax.nn.sigmoid(x)
+
+
+@_jax_elementwise("PopulationCount")
+def _population_count(x):
+  return lax.population_count(x).astype(np.uint8)
+
+
+@jax.custom_jvp
+def _spence(x):
+  return jsp.spence(x)
+
+
+@_spence.defjvp
+def _spence_jvp(primals, tangents):
+  # JAX's own derivative is NaN for x > 1; TF's is log(x) / (1 - x), -1 at x = 1.
+  (x,), (t,) = primals, tangents
+  one = x == 1
+  slope = jnp.log(x) / (1 - jnp.where(one, jnp.zeros_like(x), x))
+  return _spence(x), t * jnp.where(one, -jnp.ones_like(x), slope)
+
+
+# Special functions: float only, never shape arithmetic.
+for _op, _fn in {
+    "Erf": lax.erf, "Erfc": lax.erfc, "Erfinv": lax.erf_inv, "Ndtri": jsp.ndtri,
+    "Lgamma": lax.lgamma, "Digamma": lax.digamma, "BesselI0": jsp.i0, "BesselI0e": lax.bessel_i0e,
+    "BesselI1": jsp.i1, "BesselI1e": lax.bessel_i1e, "Dawsn": jsp.dawsn, "Expint": jsp.expi,
+    "Spence": _spence, "FresnelSin": lambda x: jsp.fresnel(x)[0],
+    "FresnelCos": lambda x: jsp.fresnel(x)[1], "Igamma": lax.igamma, "Igammac": lax.igammac,
+    "Zeta": jsp.zeta, "Polygamma": lax.polygamma, "Betainc": lax.betainc,
+}.items():
+  _jax_elementwise(_op)(_fn)
+
+# --------------------------------------------------------------------------- activations
+
+
+@_elementwise("Relu")
+def _relu(xp, x):
+  # jax.nn.relu keeps NaN and has TF's zero gradient at 0.
+  return jax.nn.relu(x) if xp is jnp else np.maximum(x, 0).astype(x.dtype)
+
+
+@jax.custom_jvp
+def _relu6_tf_grad(x):
+  return jnp.minimum(jnp.maximum(x, 0), 6)
+
+
+@_relu6_tf_grad.defjvp
+def _relu6_tf_grad_jvp(primals, tangents):
+  (x,), (t,) = primals, tangents
+  return _relu6_tf_grad(x), jnp.where((x > 0) & (x < 6), t, jnp.zeros_like(t))
+
+
+@_elementwise("Relu6")
+def _relu6(xp, x):
+  if xp is jnp and _is_float(x):
+    return _relu6_tf_grad(x)
+  return xp.minimum(xp.maximum(x, 0), 6).astype(x.dtype)
+
+
+def _negative_part(xp, x, fn):
+  """`fn(x)` where x < 0 and x elsewhere; `fn` never sees positive x, so gradients stay finite."""
+  negative = x < 0
+  return xp.where(negative, fn(xp.where(negative, x, xp.zeros_like(x))), x)
+
+
+_SELU_ALPHA = 1.6732632423543772848170429916717
+_SELU_SCALE = 1.0507009873554804934193349852946
+
+
+@_elementwise("Elu")
+def _elu(xp, x):
+  return _negative_part(xp, x, xp.expm1)
+
+
+@_elementwise("Selu")
+def _selu(xp, x):
+  return _SELU_SCALE * _negative_part(xp, x, lambda v: _SELU_ALPHA * xp.expm1(v))
+
+
+@_jax_elementwise("Softplus")
+def _softplus(x):
+  return jax.nn.softplus(x)
+
+
+@_elementwise("Softsign")
+def _softsign(xp, x):
+  return x / (1 + xp.abs(x))
+
+
+@register("LeakyRelu")
+def _leaky_relu(ctx, x):
+  alpha = ctx.attr("alpha", 0.2)
+  return apply(lambda xp, x: xp.where(x > 0, x, x * np.asarray(alpha, x.dtype)), (x,))
+
+
+# Gradient ops that TF emits when a gradient is taken inside the traced function.
+
+
+@_elementwise("ReluGrad")
+def _relu_grad(xp, g, x):
+  return xp.where(x > 0, g, xp.zeros_like(g))
+
+
+@_elementwise("Relu6Grad")
+def _relu6_grad(xp, g, x):
+  return xp.where((x > 0) & (x < 6), g, xp.zeros_like(g))
+
+
+@_elementwise("EluGrad")
+def _elu_grad(xp, g, y):
+  return xp.where(y < 0, g * (y + 1), g)
+
+
+@_elementwise("SeluGrad")
+def _selu_grad(xp, g, y):
+  return xp.where(y < 0, g * (y + _SELU_SCALE * _SELU_ALPHA), g * _SELU_SCALE)
+
+
+@_jax_elementwise("SoftplusGrad")
+def _softplus_grad(g, x):
+  return g * jax.nn.sigmoid(x)
+
+
+@_elementwise("SoftsignGrad")
+def _softsign_grad(xp, g, x):
+  return g / xp.square(1 + xp.abs(x))
+
+
+@register("LeakyReluGrad")
+def _leaky_relu_grad(ctx, g, x):
+  alpha = ctx.attr("alpha", 0.2)
+  return apply(lambda xp, g, x: xp.where(x > 0, g, g * np.asarray(alpha, g.dtype)), (g, x))
+
+
+# `(y, dy)` gradient ops: complex inputs use the conjugate derivative, like TF.
+
+
+@_elementwise("SigmoidGrad")
+def _sigmoid_grad(xp, y, dy):
+  return dy * xp.conj(y * (1 - y))
+
+
+@_elementwise("TanhGrad")
+def _tanh_grad(xp, y, dy):
+  return dy * xp.conj(1 - y * y)
+
+
+@_elementwise("SqrtGrad")
+def _sqrt_grad(xp, y, dy):
+  return dy * 0.5 / xp.conj(y)
+
+
+@_elementwise("RsqrtGrad")
+def _rsqrt_grad(xp, y, dy):
+  return dy * -0.5 * xp.conj(y * y * y)
+
+
+@_elementwise("ReciprocalGrad", "InvGrad")
+def _reciprocal_grad(xp, y, dy):
+  return -dy * xp.conj(y * y)
+
+
+# --------------------------------------------------------------------------- binary arithmetic
+
+
+@_elementwise("Add", "AddV2")
+def _add(xp, x, y):
+  return xp.add(x, y)   # also concatenates string constants, like TF's Add
+
+
+@_elementwise("Sub")
+def _sub(xp, x, y):
+  return xp.subtract(x, y)
+
+
+@_elementwise("Mul")
+def _mul(xp, x, y):
+  return xp.multiply(x, y)
+
+
+@register("AddN")
+def _add_n(ctx, *xs):
+  if not all(hasattr(x, "dtype") for x in xs):   # pytrees such as TensorLists: add leaf by leaf
+    return jax.tree_util.tree_map(lambda *leaves: functools.reduce(jnp.add, leaves), *xs)
+  return apply(lambda xp, *xs: functools.reduce(xp.add, xs), xs)
+
+
+@_elementwise("Div", "RealDiv")
+def _div(xp, x, y):
+  return truncate_div(xp, x, y) if _is_integer(x) else xp.true_divide(x, y)
+
+
+@_elementwise("TruncateDiv")
+def _truncate_div(xp, x, y):
+  return truncate_div(xp, x, y) if _is_integer(x) else xp.trunc(x / y)
+
+
+@_elementwise("FloorDiv")
+def _floor_div(xp, x, y):
+  # Floats: floor(x / y), not Python's `//` (TF gives floor(1 / 0.1) = 10, Python 9).
+  return xp.floor_divide(x, y) if _is_integer(x) else xp.floor(x / y)
+
+
+@_elementwise("Mod", "TruncateMod")
+def _truncate_mod(xp, x, y):
+  return xp.fmod(x, y)   # sign of the dividend, like C
+
+
+@_elementwise("FloorMod")
+def _floor_mod(xp, x, y):
+  if not _is_float(x):
+    return xp.remainder(x, y)   # sign of the divisor, like Python
+  trunc = xp.fmod(x, y)
+  return xp.where((trunc != 0) & ((y < 0) != (trunc < 0)), trunc + y, trunc)
+
+
+@jax.custom_jvp
+def _pow_tf_grad(x, y):
+  return jnp.power(x, y)
+
+
+@_pow_tf_grad.defjvp
+def _pow_tf_grad_jvp(primals, tangents):
+  (x, y), (tx, ty) = primals, tangents
+  z = jnp.power(x, y)
+  positive = x > 0   # TF: d/dy is 0 where x <= 0 (JAX gives NaN for x < 0)
+  log_x = jnp.where(positive, jnp.log(jnp.where(positive, x, jnp.ones_like(x))), jnp.zeros_like(x))
+  return z, tx * (y * jnp.power(x, y - 1)) + ty * (z * log_x)
+
+
+@_elementwise("Pow")
+def _pow(xp, x, y):
+  return _pow_tf_grad(x, y) if xp is jnp and _is_float(x) else xp.power(x, y)
+
+
+def _tie_to_x(fn, x_wins):
+  """`fn` (maximum or minimum) whose gradient goes entirely to x on ties, like TF."""
+  @jax.custom_jvp
+  def chosen(x, y):
+    return fn(x, y)
+
+  @chosen.defjvp
+  def chosen_jvp(primals, tangents):
+    (x, y), (tx, ty) = primals, tangents
+    return fn(x, y), jnp.where(x_wins(x, y), tx, ty)
+
+  return chosen
+
+
+_maximum_tf_grad = _tie_to_x(jnp.maximum, jnp.greater_equal)
+_minimum_tf_grad = _tie_to_x(jnp.minimum, jnp.less_equal)
+
+
+@_elementwise("Maximum")
+def _maximum(xp, x, y):
+  return _maximum_tf_grad(x, y) if xp is jnp and _is_float(x) else xp.maximum(x, y)
+
+
+@_elementwise("Minimum")
+def _minimum(xp, x, y):
+  return _minimum_tf_grad(x, y) if xp is jnp and _is_float(x) else xp.minimum(x, y)
+
+
+@_elementwise("SquaredDifference")
+def _squared_difference(xp, x, y):
+  d = x - y
+  return d * xp.conj(d) if _is_complex(d) else xp.square(d)
+
+
+def _where_x_nonzero(xp, x, y, fn, y_fill):
+  """0 where x == 0, else fn(x, y); y is replaced by `y_fill` there so gradients stay finite."""
+  zero = x == 0
+  safe_y = xp.where(zero, xp.asarray(y_fill, y.dtype), y)
+  return xp.where(zero, xp.zeros_like(x * safe_y), fn(x, safe_y))
+
+
+@_elementwise("Xlogy")
+def _xlogy(xp, x, y):
+  return _where_x_nonzero(xp, x, y, lambda x, y: x * xp.log(y), 1)
+
+
+@_elementwise("Xlog1py")
+def _xlog1py(xp, x, y):
+  return _where_x_nonzero(xp, x, y, lambda x, y: x * xp.log1p(y), 0)
+
+
+@_elementwise("Xdivy")
+def _xdivy(xp, x, y):
+  return _where_x_nonzero(xp, x, y, lambda x, y: x / y, 1)
+
+
+@_elementwise("DivNoNan")
+def _div_no_nan(xp, x, y):
+  zero = y == 0
+  quotient = x / xp.where(zero, xp.ones_like(y), y)
+  return xp.where(zero, xp.zeros_like(quotient), quotient)
+
+
+@jax.custom_jvp
+def _mul_no_nan_tf_grad(x, y):
+  product = x * y
+  return jnp.where(y == 0, jnp.zeros_like(product), product)
+
+
+@_mul_no_nan_tf_grad.defjvp
+def _mul_no_nan_tf_grad_jvp(primals, tangents):
+  # TF: d/dx = mul_no_nan(g, y), d/dy = x * g (also where y == 0).
+  (x, y), (tx, ty) = primals, tangents
+  scaled = tx * y
+  return _mul_no_nan_tf_grad(x, y), jnp.where(y == 0, jnp.zeros_like(scaled), scaled) + x * ty
+
+
+@_elementwise("MulNoNan")
+def _mul_no_nan(xp, x, y):
+  if xp is jnp:
+    return _mul_no_nan_tf_grad(x, y)
+  product = x * y
+  return np.where(y == 0, np.zeros_like(product), product)
+
+
+@_elementwise("Atan2")
+def _atan2(xp, y, x):
+  return xp.arctan2(y, x)
+
+
+@_elementwise("BitwiseAnd")
+def _bitwise_and(xp, x, y):
+  return xp.bitwise_and(x, y)
+
+
+@_elementwise("BitwiseOr")
+def _bitwise_or(xp, x, y):
+  return xp.bitwise_or(x, y)
+
+
+@_elementwise("BitwiseXor")
+def _bitwise_xor(xp, x, y):
+  return xp.bitwise_xor(x, y)
+
+
+def _clamped_shift(xp, x, y):
+  # TF clamps the shift amount to [0, bits - 1]; XLA would give 0 beyond the width.
+  return xp.clip(y, 0, np.dtype(x.dtype).itemsize * 8 - 1).astype(y.dtype)
+
+
+@_elementwise("LeftShift")
+def _left_shift(xp, x, y):
+  return xp.left_shift(x, _clamped_shift(xp, x, y))
+
+
+@_elementwise("RightShift")
+def _right_shift(xp, x, y):
+  return xp.right_shift(x, _clamped_shift(xp, x, y))   # arithmetic for signed types
+
+
+@register("Complex")
+def _complex(ctx, real, imag):
+  dtype = ctx.attr("Tout", np.dtype(np.complex64))
+  if xp(real, imag) is np:
+    out = np.empty(np.broadcast_shapes(np.shape(real), np.shape(imag)), dtype)
+    out.real, out.imag = real, imag
+    return out
+  return lax.complex(*jnp.broadcast_arrays(real, imag))
+
+
+@register("ApproximateEqual")
+def _approximate_equal(ctx, x, y):
+  tolerance = ctx.attr("tolerance", 1e-5)
+  return apply(lambda xp, x, y: xp.abs(x - y) < tolerance, (x, y))
+
+
+@_elementwise("ClipByValue")
+def _clip_by_value(xp, x, lo, hi):
+  # min then max like TF: NaN passes through, and the gradient goes to x at both bounds.
+  capped = xp.where(x > hi, hi, x)
+  return xp.where(capped < lo, lo, capped)
+
+
+# --------------------------------------------------------------------------- comparisons and logic
+
+
+def _comparison(op_type, fn_name, incompatible_result=None):
+  """`incompatible_result`: what Equal/NotEqual return for non-broadcastable shapes when
+  `incompatible_shape_error` is off."""
+  def rule(ctx, x, y):
+    if incompatible_result is not None and not ctx.attr("incompatible_shape_error", True):
+      try:
+        np.broadcast_shapes(np.shape(x), np.shape(y))
+      except ValueError:
+        return np.asarray(incompatible_result)
+    return apply(lambda xp, x, y: getattr(xp, fn_name)(x, y), (x, y))
+  register(op_type)(rule)
+
+
+_comparison("Equal", "equal", incompatible_result=False)
+_comparison("NotEqual", "not_equal", incompatible_result=True)
+_comparison("Less", "less")
+_comparison("LessEqual", "less_equal")
+_comparison("Greater", "greater")
+_comparison("GreaterEqual", "greater_equal")
+
+
+@_elementwise("LogicalAnd")
+def _logical_and(xp, x, y):
+  return xp.logical_and(x, y)
+
+
+@_elementwise("LogicalOr")
+def _logical_or(xp, x, y):
+  return xp.logical_or(x, y)
+
+
+@_elementwise("LogicalNot")
+def _logical_not(xp, x):
+  return xp.logical_not(x)
+
+
+# --------------------------------------------------------------------------- casts
+
+
+def _zero_low_mantissa_bits(xp, x, dst):
+  """TF's `Truncate=True`: zero the mantissa bits `dst` cannot hold (NaN kept), then round."""
+  dropped = ml_dtypes.finfo(x.dtype).nmant - ml_dtypes.finfo(dst).nmant
+  if dropped <= 0:
+    return x
+  bits_type = np.dtype(f"u{np.dtype(x.dtype).itemsize}")
+  mask = np.asarray(~((1 << dropped) - 1) & ((1 << 8 * bits_type.itemsize) - 1), bits_type)
+  if xp is np:
+    truncated = (x.view(bits_type) & mask).view(x.dtype)
+  else:
+    truncated = lax.bitcast_convert_type(lax.bitcast_convert_type(x, bits_type) & mask, x.dtype)
+  return xp.where(xp.isnan(x), x, truncated)
+
+
+def _to_signed(xp, x, wide):
+  """Truncates toward zero into signed `wide`; NaN and out-of-range give its minimum, like x86."""
+  limit = 2.0 ** (8 * np.dtype(wide).itemsize - 1)
+  invalid = ~((x >= -limit) & (x < limit))
+  converted = xp.where(invalid, xp.zeros_like(x), x).astype(wide)
+  return xp.where(invalid, np.asarray(np.iinfo(wide).min, wide), converted)
+
+
+def _float_to_int(xp, x, dst):
+  """Float to integer as TF does on x86: truncation into int32 (int64 for 64-bit targets) where
+  NaN and out-of-range values give INT_MIN, then wrapped to `dst`. (Out-of-range results for
+  uint32 and 64-bit targets even depend on the element's position in TF's vectorised loop.)
+  `dst` is what JAX supports: without x64 there are no 64-bit targets."""
+  if np.dtype(x.dtype).itemsize < 4:
+    x = x.astype(np.float32)
+  if dst.itemsize < 4 or dst == np.int32:
+    return _to_signed(xp, x, np.int32).astype(dst)
+  if dst == np.uint32 and xp is jnp and not _x64_enabled():
+    upper = x >= 2.0**31
+    direct = xp.where(upper, x, xp.zeros_like(x)).astype(dst)
+    return xp.where(upper, direct, _to_signed(xp, x, np.int32).astype(dst))
+  out = _to_signed(xp, x, np.int64).astype(dst)
+  if dst == np.uint64:   # [2**63, 2**64) converts directly
+    upper = (x >= 2.0**63) & (x < 2.0**64)
+    out = xp.where(upper, xp.where(upper, x, xp.zeros_like(x)).astype(dst), out)
+  return out
+
+
+def cast_like_tf(x, dst, truncate: bool = False):
+  """`x` cast to `dst` exactly as TF's Cast op does (NumPy stays NumPy)."""
+  dst = np.dtype(dst)
+  return apply(lambda xp, x: _cast(xp, x, dst, truncate), (x,))
+
+
+def _cast(xp, x, dst, truncate):
+  src = np.dtype(x.dtype)
+  if xp is jnp:
+    dst = _jax_dtype(dst)
+  if src == dst:
+    return x
+  if _is_complex(x) and not jnp.issubdtype(dst, jnp.complexfloating):
+    x = xp.real(x)   # TF drops the imaginary part, even when casting to bool
+  if dst == np.bool_:
+    return x != 0
+  if _is_float(x) and jnp.issubdtype(dst, jnp.integer):
+    return _float_to_int(xp, x, dst)
+  if truncate and _is_float(x) and jnp.issubdtype(dst, jnp.floating):
+    x = _zero_low_mantissa_bits(xp, x, dst)
+  return x.astype(dst)
+
+
+@register("Cast")
+def _cast_rule(ctx, x):
+  return cast_like_tf(x, ctx.attr("DstT"), ctx.attr("Truncate", False))
+
+
+@register("Bitcast")
+def _bitcast(ctx, x):
+  dst = np.dtype(ctx.attr("type"))
+  if xp(x) is jnp:
+    return lax.bitcast_convert_type(x, _jax_dtype(dst))
+  x = np.asarray(x, order="C")
+  ratio = x.dtype.itemsize / dst.itemsize
+  if ratio > 1:   # one element becomes a trailing dimension of `ratio` elements
+    return x.reshape(x.shape + (1,)).view(dst)
+  if ratio < 1:   # the trailing dimension is merged into one element
+    if not x.shape or x.shape[-1] * x.dtype.itemsize != dst.itemsize:
+      raise ValueError(f"Bitcast of shape {x.shape} {x.dtype} to {dst} needs a last dimension of "
+                       f"{dst.itemsize // x.dtype.itemsize}")
+    return x.view(dst).reshape(x.shape[:-1])
+  return x.view(dst)
