@@ -223,3 +223,18 @@ def test_random_op_in_loop_gives_fresh_values_each_iteration():
   assert not np.allclose(out[0], out[1]) and not np.allclose(out[1], out[2])
   with pytest.raises(jaxport.MissingInputError, match="rng"):
     jax_fn(params, X)
+
+
+def test_stateless_random_op_in_loop_repeats_like_tf():
+  def fn(x):
+    ta = tf.TensorArray(tf.float32, size=3)
+    for i in tf.range(3):
+      ta = ta.write(i, tf.random.stateless_uniform([4], seed=[1, 2]) + x[0] * 0)
+    return ta.stack()
+
+  tf_out = tf.function(fn)(X).numpy()
+  assert np.allclose(tf_out[0], tf_out[1])   # TF: equal seeds, equal values
+  jax_fn, params = jaxport.convert(fn, X)
+  out = np.asarray(jax.jit(jax_fn)(params, X, rng=jax.random.key(0))[0])
+  np.testing.assert_array_equal(out[0], out[1])
+  np.testing.assert_array_equal(out[1], out[2])

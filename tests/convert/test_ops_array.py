@@ -316,3 +316,17 @@ def test_dtypes_are_preserved(dtype):
             tf.where(x[0, 0] == x[0, 1], x, x[1]), tf.reshape(x, [-1]), tf.one_hot([0, 2], 3, x[0, 0, 0], x[0, 0, 1]))
 
   check(plumbing, x, grad=False, vmap=False)
+
+
+@pytest.mark.parametrize("block,pads", [([2, 2], [[0, 0], [0, 0]]), ([2, 3], [[1, 1], [2, 1]]), ([2], [[1, 3]])])
+def test_space_to_batch_and_back(block, pads):
+  x = np.random.RandomState(0).normal(size=(2, 6, 6, 3)).astype(np.float32)
+  to_batch = lambda t: tf.raw_ops.SpaceToBatchND(input=t, block_shape=block, paddings=pads)
+  check(to_batch, x)
+  check(lambda t: tf.raw_ops.BatchToSpaceND(input=to_batch(t) * 2.0, block_shape=block, crops=pads), x)
+
+
+def test_dilated_conv_uses_space_to_batch():
+  x = np.random.RandomState(0).normal(size=(1, 9, 9, 2)).astype(np.float32)
+  w = np.random.RandomState(1).normal(size=(3, 3, 2, 4)).astype(np.float32)
+  check(lambda t, k: tf.nn.atrous_conv2d(t, k, rate=2, padding="SAME"), x, w, atol=1e-4, rtol=1e-4)

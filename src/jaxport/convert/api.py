@@ -17,15 +17,6 @@ from jaxport.convert.registry import supported_ops
 from jaxport.errors import (DtypeMismatchError, MissingInputError, ShapeMismatchError,
                             SignatureError, UnsupportedOperationsError)
 
-RANDOM_OPS = frozenset({
-    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
-    "RandomShuffle", "Multinomial", "RandomGamma", "RandomPoisson", "RandomPoissonV2",
-    "StatelessRandomUniform", "StatelessRandomUniformV2", "StatelessRandomUniformInt",
-    "StatelessRandomUniformIntV2", "StatelessRandomUniformFullInt",
-    "StatelessRandomUniformFullIntV2", "StatelessRandomNormal", "StatelessRandomNormalV2",
-    "StatelessTruncatedNormal", "StatelessTruncatedNormalV2", "StatelessMultinomial",
-    "StatelessRandomGetKeyCounter", "StatelessRandomGetKeyCounterAlg",
-})
 
 
 class Variable(np.ndarray):
@@ -223,7 +214,8 @@ def _uses_random(graph: GraphFunction, library: Library) -> bool:
   ops = {n.op for n in graph.live_nodes()}
   for name in library.names():
     ops |= {n.op for n in library[name].nodes.values()}
-  return bool(ops & RANDOM_OPS)
+  from jaxport.convert.ops.random import RNG_OPS
+  return bool(ops & RNG_OPS)
 
 
 class _ParamCollector:

@@ -27,7 +27,8 @@ class Runtime:
     self.library = library
     self.config = config
     self.state = state          # variable key -> current value; assigns update it
-    self.rng = rng
+    self.rng = rng                # split per loop iteration by control flow
+    self.base_rng = rng           # the caller's key, as given: stateless ops derive from it
     self.custom_gradients = custom_gradients or {}   # id(IdentityN node) -> CustomGradient
 
   def read_variable(self, ref: VariableRef):
@@ -42,19 +43,29 @@ class Runtime:
 
   def fork(self, *, state=None, rng=...):
     """A runtime for a nested trace (a loop body or cond branch)."""
-    return Runtime(self.library, self.config, self.state if state is None else state,
-                   self.rng if rng is ... else rng, self.custom_gradients)
+    child = Runtime(self.library, self.config, self.state if state is None else state,
+                    self.rng if rng is ... else rng, self.custom_gradients)
+    child.base_rng = self.base_rng if rng is not None else None
+    return child
 
   def call(self, fn_name: str, args) -> list:
     """Interprets a library function inline (trace-time inlining)."""
     return run_function(self.library[fn_name], list(args), self)
 
   def rng_for(self, node_name: str):
-    """A key for one random node, distinct per node name."""
-    if self.rng is None:
+    """A key for one stateful random node, distinct per node name (and per loop iteration)."""
+    self._require_rng(node_name)
+    return jax.random.fold_in(self.rng, zlib.crc32(node_name.encode()) & 0x7FFFFFFF)
+
+  def stateless_rng(self, node_name: str):
+    """The key stateless random ops fold their seeds into: equal seeds give equal values, as in TF."""
+    self._require_rng(node_name)
+    return self.base_rng
+
+  def _require_rng(self, node_name: str) -> None:
+    if self.rng is None or self.base_rng is None:
       raise MissingInputError(
           f"random op {node_name!r} needs a PRNG key: call the converted function with rng=jax.random.key(...)")
-    return jax.random.fold_in(self.rng, zlib.crc32(node_name.encode()) & 0x7FFFFFFF)
 
 
 class OpContext:

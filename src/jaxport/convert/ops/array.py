@@ -832,3 +832,46 @@ def matrix_diag_part(ctx, x, k=0, padding_value=0):
   m = xp(x, padding_value)
   out = m.where(valid, x[..., r, c], _padding(ctx, m, padding_value))
   return out[..., 0, :] if k0 == k1 else out
+
+
+# --------------------------------------------------------------------------- space <-> batch
+
+
+def _block_args(ctx, block_shape, pairs, what):
+  block = static_ints(block_shape, f"{ctx.op} block_shape")
+  flat = static_ints(pairs, f"{ctx.op} {what}")
+  return block, [tuple(flat[2 * i:2 * i + 2]) for i in range(len(block))]
+
+
+@register("SpaceToBatchND")
+def space_to_batch_nd(ctx, x, block_shape, paddings):
+  """Pads the M spatial dims, then moves each block offset into the batch (what dilated convs emit)."""
+  block, pads = _block_args(ctx, block_shape, paddings, "paddings")
+  m, shape = len(block), np.shape(x)
+  module = xp(x)
+  x = module.pad(x, [(0, 0)] + pads + [(0, 0)] * (len(shape) - 1 - m))
+  padded = np.shape(x)
+  if any(padded[1 + i] % b for i, b in enumerate(block)):
+    raise ValueError(f"SpaceToBatchND node {ctx.name!r}: padded spatial shape {padded[1:1 + m]} is not "
+                     f"divisible by block_shape {block}")
+  split = [padded[0]] + [d for i, b in enumerate(block) for d in (padded[1 + i] // b, b)] + list(padded[1 + m:])
+  x = x.reshape(split)
+  perm = [2 + 2 * i for i in range(m)] + [0] + [1 + 2 * i for i in range(m)] + list(range(1 + 2 * m, len(split)))
+  x = module.transpose(x, perm)
+  return x.reshape([padded[0] * int(np.prod(block))] + [padded[1 + i] // b for i, b in enumerate(block)]
+                   + list(padded[1 + m:]))
+
+
+@register("BatchToSpaceND")
+def batch_to_space_nd(ctx, x, block_shape, crops):
+  """The inverse of SpaceToBatchND: block offsets move back from the batch into space, then crop."""
+  block, crop = _block_args(ctx, block_shape, crops, "crops")
+  m, shape = len(block), np.shape(x)
+  module = xp(x)
+  batch = shape[0] // int(np.prod(block))
+  x = x.reshape(list(block) + [batch] + list(shape[1:]))
+  perm = [m] + [d for i in range(m) for d in (m + 1 + i, i)] + list(range(2 * m + 1, len(shape) + m))
+  x = module.transpose(x, perm)
+  x = x.reshape([batch] + [shape[1 + i] * b for i, b in enumerate(block)] + list(shape[1 + m:]))
+  index = (slice(None),) + tuple(slice(lo, x.shape[1 + i] - hi) for i, (lo, hi) in enumerate(crop))
+  return x[index]

@@ -1,4 +1,6 @@
 """Resource variables: reads and the assignments that become `new_params`."""
+import numpy as np
+
 from jaxport.convert.interpreter import VariableRef
 from jaxport.convert.registry import register
 
@@ -36,5 +38,17 @@ def var_handle(ctx):
 
 @register("VarIsInitializedOp")
 def var_is_initialized(ctx, ref):
-  import numpy as np
   return np.bool_(True)
+
+
+@register("ResourceGather")
+def resource_gather(ctx, ref, indices):
+  """A gather from a variable along axis 0 (tf_keras Embedding)."""
+  from jaxport.convert.ops.array import gather_v2
+  return gather_v2(ctx, ctx.runtime.read_variable(ref), indices, np.int32(0))
+
+
+@register("ResourceGatherNd")
+def resource_gather_nd(ctx, ref, indices):
+  from jaxport.convert.ops.array import gather_nd
+  return gather_nd(ctx, ctx.runtime.read_variable(ref), indices)
