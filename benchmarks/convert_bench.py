@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -44,7 +45,7 @@ def main() -> None:
 
   from jaxport.profiling import profile
 
-  console = Console()
+  console = Console(width=None if sys.stdout.isatty() else 170)
   results = []
   for name in args.models.split(","):
     with console.status(f"{name}: building, converting, compiling, timing..."):

@@ -69,19 +69,20 @@ def profile(name: str, model, inputs: tuple, *, repeats: int = 5, tf_xla: bool =
   jax_fn, params = jaxport.convert(model, *inputs)
   convert_s = time.perf_counter() - start
 
-  params = jax.device_put(params)
+  # Device-resident arguments on both sides: TF below gets tf.constants.
+  params, device_inputs = jax.device_put(params), jax.device_put(inputs)
   jitted = jax.jit(lambda p, *xs: jax_fn(p, *xs)[0])
   start = time.perf_counter()
-  compiled = jitted.lower(params, *inputs).compile()
+  compiled = jitted.lower(params, *device_inputs).compile()
   compile_s = time.perf_counter() - start
-  jax_run_s = median_time(lambda: compiled(params, *inputs), repeats)
+  jax_run_s = median_time(lambda: compiled(params, *device_inputs), repeats)
 
   tf_inputs = [tf.constant(x) for x in inputs]
   tf_fn = tf.function(lambda *xs: model(*xs))
   expected = tf_fn(*tf_inputs)
   tf_run_s = median_time(lambda: tf_fn(*tf_inputs), repeats)
   result = Profile(name, convert_s, compile_s, jax_run_s, tf_run_s,
-                   max_abs_err=max_abs_error(compiled(params, *inputs), tree.map_structure(np.asarray, expected)))
+                   max_abs_err=max_abs_error(compiled(params, *device_inputs), tree.map_structure(np.asarray, expected)))
   if tf_xla:
     xla_fn = tf.function(lambda *xs: model(*xs), jit_compile=True)
     start = time.perf_counter()

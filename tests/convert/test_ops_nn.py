@@ -448,3 +448,14 @@ def test_resource_gather_from_variable():
   assert "ResourceGather" in {n.op for n in graph.node}
   jax_fn, params = jaxport.convert(fn, np.array([4, 0, 4]))
   np.testing.assert_allclose(jax.jit(jax_fn)(params, np.array([4, 0, 4]))[0], table.numpy()[[4, 0, 4]])
+
+
+@pytest.mark.parametrize("data_format,strides", [("NHWC", [1, 1, 1, 1]), ("NHWC", [1, 2, 2, 1]),
+                                                 ("NCHW", [1, 1, 2, 2])])
+def test_pointwise_conv_lowers_to_a_dot(data_format, strides):
+  shape = (2, 5, 7, 6) if data_format == "NHWC" else (2, 6, 5, 7)
+  x, w = normal(*shape), normal(1, 1, 6, 4, seed=1)
+  fn = lambda x, w: RAW.Conv2D(input=x, filter=w, strides=strides, padding="SAME", data_format=data_format)
+  jax_fn = check(fn, x, w, atol=1e-4, rtol=1e-4)
+  hlo = jax.jit(lambda a, b: jax_fn({}, a, b)[0]).lower(x, w).as_text()
+  assert "dot_general" in hlo and "convolution" not in hlo
