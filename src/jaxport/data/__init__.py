@@ -1,0 +1,16 @@
+"""Input pipelines feeding JAX: tf.data, PyTorch DataLoaders and any iterable of arrays.
+
+    import jaxport.data
+    for batch in jaxport.data.loader(dataset, batch_size=256, last_batch="pad"):
+      state, metrics = train_step(state, batch)
+
+Batches arrive as `jax.Array`s with the source's structure, moved without copies where the host
+buffer allows it, prefetched by a background thread, optionally sharded over devices and
+processes, and resumable through `Loader.state()` / `Loader.restore()`. TensorFlow and PyTorch
+are imported only when a source uses them.
+"""
+from jaxport.data._loader import Loader, loader
+from jaxport.data._sources import NotResumableError
+from jaxport.data._stats import LoaderStats
+
+__all__ = ["loader", "Loader", "LoaderStats", "NotResumableError"]

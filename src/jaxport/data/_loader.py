@@ -1,0 +1,293 @@
+"""The Loader: source -> checked host batches -> devices, prefetched in a thread, resumable."""
+import itertools
+import math
+from typing import Any, Iterator
+
+import jax
+from jax.tree_util import DictKey, tree_unflatten
+
+from jaxport.data._batches import (LAST_BATCH_POLICIES, BatchLayout, LastBatch, apply_last_batch,
+                                   steps_per_epoch)
+from jaxport.data._prefetch import InlineFeed, ThreadFeed
+from jaxport.data._sources import Source, make_source
+from jaxport.data._stats import LoaderStats, Meter, ProgressBar
+from jaxport.data._transfer import DtypePolicy, DtypesSpec, Placer, resolve_sharding
+
+STATE_FORMAT = "jaxport.data.Loader/1"
+MASK_KEY = "mask"
+_names = itertools.count()
+
+
+class Loader:
+  """Iterates a source as batches of `jax.Array`s with the source's nested structure.
+
+  Each `for` loop over the loader is one epoch (a loop that stops early is continued by the next
+  one). See `loader()` for the arguments.
+  """
+
+  def __init__(self, source: Any, *, batch_size: int | None = None, sharding: Any = None,
+               prefetch: int = 2, dtypes: DtypesSpec = None, last_batch: LastBatch = "drop",
+               shard_by_process: bool = True, seed: int | None = None,
+               checkpoint_every: int | None = None, progress: bool = False,
+               state: dict | None = None):
+    if last_batch not in LAST_BATCH_POLICIES:
+      raise ValueError(f"jaxport.data: last_batch must be one of {LAST_BATCH_POLICIES}, not "
+                       f"{last_batch!r}.")
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+      raise ValueError(f"jaxport.data: prefetch must be a number of batches >= 0, not {prefetch!r}.")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                   or batch_size < 1):
+      raise ValueError(f"jaxport.data: batch_size must be a positive int or None, not {batch_size!r}.")
+    processes, index = jax.process_count(), jax.process_index()
+    if last_batch == "partial" and processes > 1:
+      raise ValueError("jaxport.data: last_batch='partial' would give the processes batches of "
+                       "different sizes; with several processes use 'pad' (or 'drop').")
+    local_batch = None
+    if batch_size is not None:
+      if batch_size % processes:
+        raise ValueError(f"jaxport.data: the global batch_size {batch_size} does not split evenly "
+                         f"over {processes} processes.")
+      local_batch = batch_size // processes
+    self._batch_size, self._last_batch, self._prefetch = batch_size, last_batch, prefetch
+    self._processes, self._index = processes, index
+    self._source: Source = make_source(
+        source, batch_size=local_batch, processes=processes, index=index, shard=shard_by_process,
+        drop_remainder=last_batch == "drop", seed=seed, checkpoint_every=checkpoint_every,
+        prefetch=prefetch)
+    self._layout = BatchLayout(size=local_batch)
+    self._steps = steps_per_epoch(
+        self._source.count(), examples=self._source.examples, local_batch=local_batch,
+        policy=last_batch, processes=processes, loader_shards=self._source.loader_shards,
+        last_short=self._source.last_short())
+    if processes > 1 and self._steps is None:
+      raise ValueError(
+          f"jaxport.data: with {processes} processes every process must run the same number of "
+          "steps, so the length of the source must be known. Give tf.data pipelines a known "
+          "cardinality (e.g. dataset.apply(tf.data.experimental.assert_cardinality(n))), or use a "
+          "source with len().")
+    self._placer = Placer(resolve_sharding(sharding, processes))
+    self._casts = DtypePolicy(dtypes)
+    self._meter = Meter()
+    self._bar = ProgressBar() if progress else None
+    self._name = f"jaxport-data-prefetch-{next(_names)}"
+    self._feed: ThreadFeed | InlineFeed | None = None
+    self._epoch, self._step = 0, 0
+    self._exhausted = self._closed = False
+    self._failure: Exception | None = None
+    if state is not None:
+      self.restore(state)
+
+  # Iteration -------------------------------------------------------------------------------------
+
+  def __iter__(self) -> "Loader":
+    self._check_open()
+    if self._exhausted:
+      self._epoch, self._step, self._exhausted = self._epoch + 1, 0, False
+    return self
+
+  def __next__(self) -> Any:
+    self._check_open()
+    if self._exhausted:
+      raise StopIteration
+    if self._failure is not None:
+      raise RuntimeError("jaxport.data: the source raised earlier in this epoch (see the cause); "
+                         "restore() a saved state to continue.") from self._failure
+    if self._feed is None:
+      self._feed = self._open_feed()
+    began = self._meter.begin_wait(self._feed.depth())
+    try:
+      step, batch, size = self._feed.get()
+    except StopIteration:
+      self._exhausted = True
+      self._drop_feed()
+      raise
+    except Exception as error:
+      self._failure = error
+      self._drop_feed()
+      raise
+    self._meter.delivered(began, size)
+    self._step = step + 1
+    if self._bar is not None:
+      self._bar.advance(self.stats())
+    return batch
+
+  def __len__(self) -> int:
+    if self._steps is None or math.isinf(self._steps):
+      raise TypeError("jaxport.data: the number of batches per epoch is unknown (or infinite) for "
+                      "this source.")
+    return int(self._steps)
+
+  def _open_feed(self) -> ThreadFeed | InlineFeed:
+    items = _produce(self._source, self._epoch, self._step, policy=self._last_batch,
+                     layout=self._layout, steps=self._steps if self._processes > 1 else None,
+                     placer=self._placer, casts=self._casts)
+    if self._bar is not None:
+      self._bar.start(self._epoch, self._steps, self._step)
+    if self._prefetch == 0:
+      return InlineFeed(items)
+    return ThreadFeed(items, self._prefetch, self._name)
+
+  def _drop_feed(self) -> None:
+    if self._feed is not None:
+      self._feed.close()
+      self._feed = None
+    if self._bar is not None:
+      self._bar.end_epoch()
+
+  def _check_open(self) -> None:
+    if self._closed:
+      raise RuntimeError("jaxport.data: the loader is closed; create a new one (restore() its "
+                         "state() to continue where it stopped).")
+
+  # Lifecycle -------------------------------------------------------------------------------------
+
+  def close(self) -> None:
+    """Stops the prefetch thread and frees prefetched batches. Idempotent."""
+    if self._closed:
+      return
+    self._closed = True
+    self._drop_feed()
+    if self._bar is not None:
+      self._bar.close()
+
+  def __enter__(self) -> "Loader":
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()
+
+  # Resume ----------------------------------------------------------------------------------------
+
+  @property
+  def epoch(self) -> int:
+    return self._epoch + 1 if self._exhausted else self._epoch
+
+  @property
+  def step(self) -> int:
+    """Batches of the current epoch delivered to the consumer."""
+    return 0 if self._exhausted else self._step
+
+  def state(self) -> dict:
+    """A JSON-serialisable position: right after the last batch the consumer received.
+
+    Batches already prefetched but not received are produced again after a restore. Cost of
+    resuming: Python iterables and DataLoaders replay the epoch's earlier batches (read, not
+    transferred); tf.data restores its iterator snapshot from the epoch start (shuffle seeds and
+    the pipeline's buffered elements at that point, small before the first batch) and replays
+    from there, or from the latest of the snapshots taken every `checkpoint_every` batches, each
+    of which serializes the pipeline's buffers (shuffle and prefetch) into the state.
+    """
+    epoch, step = self.epoch, self.step
+    return {
+        "format": STATE_FORMAT,
+        "source": self._source.kind,
+        "epoch": epoch,
+        "step": step,
+        "batch_size": self._batch_size,
+        "local_batch_size": self._layout.size,
+        "last_batch": self._last_batch,
+        "process_index": self._index,
+        "process_count": self._processes,
+        "source_state": self._source.record(epoch, step),
+    }
+
+  def restore(self, state: dict) -> None:
+    """Continues from `state` (from `state()` of a loader over an identical source)."""
+    self._check_open()
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+      raise ValueError(f"jaxport.data: not a loader state (expected format {STATE_FORMAT!r}).")
+    expected = {"source": self._source.kind, "batch_size": self._batch_size,
+                "last_batch": self._last_batch, "process_index": self._index,
+                "process_count": self._processes}
+    different = {key: (state.get(key), value) for key, value in expected.items()
+                 if state.get(key) != value}
+    if different:
+      details = ", ".join(f"{key}: saved {saved!r}, here {here!r}"
+                          for key, (saved, here) in different.items())
+      raise ValueError(f"jaxport.data: the state was saved by a differently configured loader "
+                       f"({details}).")
+    saved_size = state.get("local_batch_size")
+    if saved_size is not None and self._layout.size not in (None, saved_size):
+      raise ValueError(f"jaxport.data: the state's batches have {saved_size} rows per process, "
+                       f"this loader's {self._layout.size}.")
+    self._drop_feed()
+    self._source.load(int(state["epoch"]), state.get("source_state"))
+    self._layout.size = saved_size if saved_size is not None else self._layout.size
+    self._epoch, self._step = int(state["epoch"]), int(state["step"])
+    self._exhausted, self._failure = False, None
+
+  # Observability ---------------------------------------------------------------------------------
+
+  def stats(self) -> LoaderStats:
+    depth = self._feed.depth() if self._feed is not None else 0
+    return self._meter.snapshot(depth, self._prefetch)
+
+  @property
+  def sharding(self) -> jax.sharding.Sharding | None:
+    return self._placer.sharding
+
+
+def _produce(source: Source, epoch: int, start: int, *, policy: LastBatch, layout: BatchLayout,
+             steps: float | None, placer: Placer, casts: DtypePolicy) -> Iterator[tuple[int, Any, int]]:
+  """(step, device batch, host bytes) for one epoch. Runs in the prefetch thread, so it holds no
+  reference to the Loader: the loader can be collected while it runs."""
+  for step, batch, mask in apply_last_batch(source.batches(epoch, start), policy=policy,
+                                            layout=layout, steps=steps, start=start):
+    arrays, moved = [], 0
+    for path, leaf, target in zip(batch.paths, batch.leaves, casts.targets(batch)):
+      array, size = placer.put(path, leaf)
+      arrays.append(array if target is None or array.dtype == target else array.astype(target))
+      moved += size
+    tree = tree_unflatten(batch.treedef, arrays)
+    if mask is not None:
+      tree = _with_mask(tree, placer.put((DictKey(MASK_KEY),), mask)[0])
+    jax.block_until_ready(tree)
+    yield step, tree, moved
+
+
+def _with_mask(tree: Any, mask: jax.Array) -> Any:
+  """Adds the padding mask: as a "mask" key of a dict batch, else as `(batch, mask)`."""
+  if isinstance(tree, dict):
+    if MASK_KEY in tree:
+      raise ValueError(f"jaxport.data: last_batch='pad' adds a {MASK_KEY!r} key, but the batch "
+                       "already has one; rename it in the source.")
+    return {**tree, MASK_KEY: mask}
+  return tree, mask
+
+
+def loader(source: Any, *, batch_size: int | None = None, sharding: Any = None, prefetch: int = 2,
+           dtypes: DtypesSpec = None, last_batch: LastBatch = "drop", shard_by_process: bool = True,
+           seed: int | None = None, checkpoint_every: int | None = None, progress: bool = False,
+           state: dict | None = None) -> Loader:
+  """Feeds JAX from a tf.data.Dataset, a torch DataLoader, or any iterable of (nested) arrays.
+
+  Args:
+    source: a `tf.data.Dataset`, a `torch.utils.data.DataLoader`, or an iterable/iterator whose
+      elements are nested dicts/tuples/lists/namedtuples of NumPy, TensorFlow, PyTorch or JAX
+      arrays (Python numbers too, for single examples).
+    batch_size: None when the source already yields batches; else the source yields single
+      examples and the loader batches them, `batch_size` being the global batch (over all
+      processes). tf.data sources are then batched inside tf.data.
+    sharding: a `jax.sharding.Sharding`, or a `(Mesh, PartitionSpec)` pair, for every leaf (a spec
+      longer than a leaf's rank is cut to it). Batches become global arrays; with several
+      processes each process contributes its own rows. Default: the default device with one
+      process, the batch split over all devices with several.
+    prefetch: batches kept ready on device by a background thread; 0 runs inline.
+    dtypes: casts on device: a dtype (for every floating leaf), or a dict keyed by source dtype
+      or by key path ("image", "features/image").
+    last_batch: "drop" the short last batch, yield it "partial", or "pad" it to full size with
+      zeros; "pad" adds a boolean mask leaf to every batch (a "mask" key of dict batches, else
+      batches become `(batch, mask)`).
+    shard_by_process: with several processes, each reads its own share of the source
+      (`Dataset.shard`, or every n-th element of other sources). Set False when the source already
+      yields this process's share (e.g. a DataLoader with a DistributedSampler is detected).
+    seed: seeds the shuffling order the loader owns: a DataLoader's RandomSampler that has no
+      generator gets one, seeded per epoch, so that its order can be replayed.
+    checkpoint_every: tf.data only: also snapshot the tf.data iterator every n batches, so that
+      resuming replays at most n batches (each snapshot serializes the pipeline's buffers).
+    progress: show a rich progress bar.
+    state: a `Loader.state()` to resume from.
+  """
+  return Loader(source, batch_size=batch_size, sharding=sharding, prefetch=prefetch, dtypes=dtypes,
+                last_batch=last_batch, shard_by_process=shard_by_process, seed=seed,
+                checkpoint_every=checkpoint_every, progress=progress, state=state)

@@ -1,0 +1,368 @@
+"""Sources: tf.data datasets, PyTorch DataLoaders and plain iterables, read per process.
+
+A source yields this process's local batches (checked and flattened) for one epoch, from a
+given local step, and describes in JSON how a fresh copy of it resumes at that step.
+"""
+import base64
+import collections.abc
+import itertools
+import math
+import sys
+import threading
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from jaxport.data._batches import Flat, batch_examples, flatten
+
+
+class NotResumableError(RuntimeError):
+  """`Loader.state()`/`restore()` on a source whose position cannot be recovered."""
+
+
+class Source:
+  """Common interface; see the module docstring."""
+  kind: str
+  examples: bool  # yields single examples, which the loader batches
+  loader_shards: bool  # the loader splits the source across processes (else it already is split)
+
+  def count(self) -> float | None:
+    """Elements per epoch (the whole source if `loader_shards`), inf if endless, None if unknown."""
+    raise NotImplementedError
+
+  def last_short(self) -> bool | None:
+    """For batched sources: whether the last batch is short (None: unknown)."""
+    return None
+
+  def batches(self, epoch: int, start: int) -> Iterator[Flat]:
+    raise NotImplementedError
+
+  def record(self, epoch: int, step: int) -> Any:
+    """JSON data that lets a fresh source, given (epoch, step), continue from there."""
+    return None
+
+  def load(self, epoch: int, record: Any) -> None:
+    """Prepares to resume `epoch` from `record` (made by `record()` of an identical source)."""
+
+
+def make_source(source: Any, *, batch_size: int | None, processes: int, index: int, shard: bool,
+                drop_remainder: bool, seed: int | None, checkpoint_every: int | None,
+                prefetch: int) -> Source:
+  """The Source for `source`; `batch_size` is this process's batch size when it yields examples."""
+  tf = sys.modules.get("tensorflow")
+  if tf is not None and isinstance(source, tf.data.Dataset):
+    return TFDataSource(source, batch_size=batch_size, processes=processes, index=index, shard=shard,
+                        drop_remainder=drop_remainder, checkpoint_every=checkpoint_every,
+                        lag=prefetch)
+  if checkpoint_every is not None:
+    raise ValueError("jaxport.data: checkpoint_every= applies to tf.data sources only; other "
+                     "sources resume by replaying batches.")
+  torch = sys.modules.get("torch")
+  if torch is not None and isinstance(source, torch.utils.data.DataLoader):
+    return TorchSource(source, batch_size=batch_size, processes=processes, index=index, shard=shard,
+                       seed=seed)
+  if isinstance(source, (str, bytes, collections.abc.Mapping)) or not isinstance(
+      source, collections.abc.Iterable):
+    raise TypeError("jaxport.data: source must be a tf.data.Dataset, a torch DataLoader, or an "
+                    f"iterable of (nested) arrays, not {type(source).__name__}.")
+  return IterableSource(source, batch_size=batch_size, processes=processes, index=index, shard=shard)
+
+
+def _local_batches(elements: Iterator[Any], *, batch_size: int | None, processes: int, index: int,
+                   shard: bool, start: int) -> Iterator[Flat]:
+  """This process's batches of a Python stream, from local step `start` (skipped, not loaded)."""
+  if shard and processes > 1:
+    elements = itertools.islice(elements, index, None, processes)
+  if batch_size is not None:
+    return batch_examples(itertools.islice(elements, start * batch_size, None), batch_size)
+  return (flatten(element, batched=True) for element in itertools.islice(elements, start, None))
+
+
+def _length(source: Any) -> int | None:
+  try:
+    return len(source)
+  except TypeError:
+    return None
+
+
+class IterableSource(Source):
+  """Any iterable. Re-iterable ones (lists, custom classes) must yield the same order each pass to
+  resume, which replays by count; a one-shot iterator serves one epoch and cannot resume."""
+  kind = "iterable"
+
+  def __init__(self, source: Iterable[Any], *, batch_size: int | None, processes: int, index: int,
+               shard: bool):
+    self._source = source
+    self._one_shot = isinstance(source, collections.abc.Iterator)
+    self._opened = False
+    self._batch_size, self._processes, self._index = batch_size, processes, index
+    self.examples = batch_size is not None
+    self.loader_shards = shard
+
+  def count(self) -> float | None:
+    return None if self._one_shot else _length(self._source)
+
+  def batches(self, epoch: int, start: int) -> Iterator[Flat]:
+    if self._one_shot and (self._opened or epoch or start):
+      raise NotResumableError(_ONE_SHOT)
+    self._opened = True
+    return _local_batches(iter(self._source), batch_size=self._batch_size,
+                          processes=self._processes, index=self._index, shard=self.loader_shards,
+                          start=start)
+
+  def record(self, epoch: int, step: int) -> Any:
+    if self._one_shot:
+      raise NotResumableError(_ONE_SHOT)
+    return None
+
+  def load(self, epoch: int, record: Any) -> None:
+    if self._one_shot:
+      raise NotResumableError(_ONE_SHOT)
+
+
+_ONE_SHOT = ("jaxport.data: the source is a one-shot iterator: it serves a single epoch and cannot "
+             "be replayed, so it has no resumable state. Pass a re-iterable source instead: a "
+             "list, a tf.data.Dataset, a DataLoader, or an object whose __iter__ returns a fresh "
+             "iterator in the same order.")
+
+
+class TorchSource(Source):
+  """A torch DataLoader. Resumes by replaying batches in the same order, which it makes
+  reproducible: a RandomSampler without a generator gets one, seeded per epoch from `seed`; the
+  state of the user's generators is recorded at each epoch start; a DistributedSampler gets
+  set_epoch(epoch)."""
+  kind = "torch"
+
+  def __init__(self, loader: Any, *, batch_size: int | None, processes: int, index: int,
+               shard: bool, seed: int | None):
+    import torch  # pylint: disable=import-outside-toplevel
+    self._torch = torch
+    self._loader = loader
+    batched = loader.batch_size is not None or loader.batch_sampler is not None
+    if batched and batch_size is not None:
+      raise ValueError(f"jaxport.data: the DataLoader already batches (batch_size="
+                       f"{loader.batch_size}); pass batch_size=None to the loader, or build the "
+                       "DataLoader with batch_size=None.")
+    self.examples = not batched
+    self._batch_size, self._processes, self._index = batch_size, processes, index
+    self._sampler = getattr(loader.batch_sampler, "sampler", None) or loader.sampler
+    self._distributed = isinstance(self._sampler, torch.utils.data.DistributedSampler)
+    self.loader_shards = shard and not self._distributed
+    # The user's generators (the sampler's, the DataLoader's for worker seeds): recorded.
+    self._generators = []
+    for generator in (getattr(self._sampler, "generator", None), loader.generator):
+      if generator is not None and all(generator is not g for g in self._generators):
+        self._generators.append(generator)
+    # A RandomSampler left to torch's global RNG: given a generator seeded per epoch.
+    self._seed: int | None = None
+    if (isinstance(self._sampler, torch.utils.data.RandomSampler)
+        and self._sampler.generator is None):
+      self._seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % 2**63)
+      self._sampler.generator = torch.Generator()
+    self._epoch_states: dict[int, list[str]] = {}
+
+  def count(self) -> float | None:
+    return _length(self._loader)
+
+  def last_short(self) -> bool | None:
+    size, dataset_len = self._loader.batch_size, _length(self._loader.dataset)
+    if self._loader.drop_last:
+      return False
+    if size is None or dataset_len is None or self._distributed:
+      return None
+    return dataset_len % size != 0
+
+  def batches(self, epoch: int, start: int) -> Iterator[Flat]:
+    self._begin_epoch(epoch)
+    return _local_batches(iter(self._loader), batch_size=self._batch_size,
+                          processes=self._processes, index=self._index, shard=self.loader_shards,
+                          start=start)
+
+  def _begin_epoch(self, epoch: int) -> None:
+    if self._distributed:
+      self._sampler.set_epoch(epoch)
+    if self._seed is not None:
+      seed = np.random.SeedSequence([self._seed, epoch]).generate_state(1, np.uint64)[0]
+      self._sampler.generator.manual_seed(int(seed) % 2**63)
+    saved = self._epoch_states.get(epoch)
+    if saved is None:
+      self._epoch_states = {epoch: self._generator_states()}
+    else:
+      for generator, state in zip(self._generators, saved):
+        generator.set_state(self._torch.from_numpy(
+            np.frombuffer(base64.b64decode(state), np.uint8).copy()))
+
+  def _generator_states(self) -> list[str]:
+    return [base64.b64encode(g.get_state().numpy().tobytes()).decode() for g in self._generators]
+
+  def record(self, epoch: int, step: int) -> Any:
+    # An epoch not started yet starts from the generators' state now.
+    states = self._epoch_states.get(epoch) or self._generator_states()
+    return {"seed": self._seed, "generators": states}
+
+  def load(self, epoch: int, record: Any) -> None:
+    if (record["seed"] is None) != (self._seed is None) or len(record["generators"]) != len(
+        self._generators):
+      raise ValueError("jaxport.data: the state comes from a DataLoader with other random "
+                       "generators (a shuffling sampler with or without a generator).")
+    self._seed = record["seed"]
+    self._epoch_states = {epoch: list(record["generators"])}
+
+
+class TFDataSource(Source):
+  """A tf.data.Dataset, sharded per process with Dataset.shard and batched in tf.data.
+
+  Resume uses tf.data's own iterator checkpointing: the iterator of each epoch is serialized
+  before its first batch (and every `checkpoint_every` batches), and a resumed loader restores the
+  latest snapshot at or before its step, then replays the batches in between.
+  """
+  kind = "tf.data"
+
+  def __init__(self, dataset: Any, *, batch_size: int | None, processes: int, index: int, shard: bool,
+               drop_remainder: bool, checkpoint_every: int | None, lag: int):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    self._tf = tf
+    self.examples = batch_size is not None  # counted in examples; batched inside tf.data
+    self.loader_shards = shard
+    cardinality = int(dataset.cardinality())
+    self._count = math.inf if cardinality == tf.data.INFINITE_CARDINALITY else (
+        None if cardinality < 0 else cardinality)
+    policy = dataset.options().experimental_external_state_policy
+    if policy is None:
+      # As tf.train.Checkpoint does: fail to snapshot state that tf.data cannot serialize (e.g. a
+      # from_generator's Python generator) rather than silently leave it out.
+      options = tf.data.Options()
+      options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.FAIL
+      dataset = dataset.with_options(options)
+    elif checkpoint_every is not None and policy != tf.data.experimental.ExternalStatePolicy.FAIL:
+      raise ValueError(
+          "jaxport.data: checkpoint_every= needs snapshots of the whole pipeline, but this dataset "
+          f"sets experimental_external_state_policy={policy.name}, which leaves state out of them; "
+          "resume then replays from the start of the epoch.")
+    if shard and processes > 1:
+      dataset = dataset.shard(processes, index)
+    if batch_size is not None:
+      dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+    self._dataset = dataset
+    self._static_batch = _static_batch_size(tf, dataset.element_spec)
+    if checkpoint_every is not None and checkpoint_every < 1:
+      raise ValueError(f"jaxport.data: checkpoint_every must be a positive number of batches, not "
+                       f"{checkpoint_every}.")
+    self._checkpoint_every = checkpoint_every
+    # Besides the epoch-start one, only snapshots within the distance by which the consumer can
+    # trail the producer (the queue, the batch waiting to enter it, a short batch's look-ahead)
+    # can still be the latest at or before the consumer's step.
+    trailing = lag + 3
+    self._kept = 1 + -(-trailing // checkpoint_every) if checkpoint_every else 1
+    self._lock = threading.Lock()
+    self._pending: tuple[int, Any, int] | None = None  # (epoch, iterator, position) ready to use
+    self._retired: Any = None  # the last finished iterator, deleted when the next one finishes
+    self._snapshots: dict[int, list[tuple[int, str]]] = {}  # epoch -> [(position, state)]
+    self._snapshot_error: str | None = None
+
+  def count(self) -> float | None:
+    return self._count
+
+  def last_short(self) -> bool | None:
+    return False if self._static_batch is not None else None
+
+  def batches(self, epoch: int, start: int) -> Iterator[Flat]:
+    iterator, position = self._iterator(epoch)
+    try:
+      while position < start:
+        if next(iterator, None) is None:
+          return
+        position += 1
+      every = self._checkpoint_every
+      for batch in iterator:
+        yield flatten(batch, batched=True)
+        position += 1
+        if every and position % every == 0:
+          self._snapshot(epoch, position, iterator)
+      # The next epoch's iterator is made (and snapshotted) now, so that a state taken at the
+      # epoch boundary replays that epoch's shuffle order.
+      self._prepare(epoch + 1)
+    finally:
+      # Deleting a tf.data iterator just after it ends can hold the GIL for ~0.3 s while its
+      # threads wind down, stalling the consumer; the previous epoch's iterator goes instead.
+      self._retired = iterator
+
+  def _iterator(self, epoch: int) -> tuple[Any, int]:
+    self._prepare(epoch)
+    with self._lock:
+      _, iterator, position = self._pending
+      self._pending = None
+      for old in [e for e in self._snapshots if e < epoch]:
+        del self._snapshots[old]
+    return iterator, position
+
+  def _prepare(self, epoch: int) -> None:
+    with self._lock:
+      if self._pending is not None and self._pending[0] == epoch:
+        return
+    iterator = iter(self._dataset)
+    self._snapshot(epoch, 0, iterator)
+    with self._lock:
+      self._pending = (epoch, iterator, 0)
+
+  def _snapshot(self, epoch: int, position: int, iterator: Any) -> None:
+    try:
+      state = iterator._save().numpy().decode("ascii")  # pylint: disable=protected-access
+    except Exception as error:  # pylint: disable=broad-except
+      self._snapshot_error = f"{type(error).__name__}: {error}".strip()
+      return
+    with self._lock:
+      kept = self._snapshots.setdefault(epoch, [])
+      kept.append((position, state))
+      del kept[1:-self._kept]  # the epoch-start snapshot stays: load() needs it
+
+  def record(self, epoch: int, step: int) -> Any:
+    with self._lock:
+      known = epoch in self._snapshots or (self._pending is not None and self._pending[0] == epoch)
+    if not known:
+      self._prepare(epoch)
+    with self._lock:
+      usable = [(pos, state) for pos, state in self._snapshots.get(epoch, ()) if pos <= step]
+    if not usable:
+      raise NotResumableError(
+          "jaxport.data: tf.data could not checkpoint this pipeline's iterator"
+          + (f" ({self._snapshot_error})" if self._snapshot_error else "") + ". Pipelines with "
+          "external state (Dataset.from_generator, py_function, ...) cannot be serialized; if that "
+          "state does not change the order of elements, set options.experimental_external_state_"
+          "policy = tf.data.experimental.ExternalStatePolicy.IGNORE on the dataset, and the loader "
+          "replays by count from the epoch start.")
+    position, state = max(usable)
+    record = {"position": position, "iterator": state}
+    if position:
+      record["epoch_start"] = usable[0][1]
+    return record
+
+  def load(self, epoch: int, record: Any) -> None:
+    iterator = self._restored(record["iterator"])
+    position = int(record["position"])
+    snapshots = [(position, record["iterator"])]
+    if "epoch_start" in record:
+      # Restoring a mid-epoch snapshot does not always leave the shuffle seed generators (shared by
+      # a dataset's iterators) where an uninterrupted run would; restoring the epoch-start one
+      # last does, so that later epochs reshuffle as they would have.
+      self._restored(record["epoch_start"])
+      snapshots.insert(0, (0, record["epoch_start"]))
+    with self._lock:
+      self._pending = (epoch, iterator, position)
+      self._snapshots = {epoch: snapshots}
+
+  def _restored(self, state: str) -> Any:
+    iterator = iter(self._dataset)
+    try:
+      iterator._restore(self._tf.constant(state))  # pylint: disable=protected-access
+    except Exception as error:
+      raise ValueError("jaxport.data: the saved tf.data iterator does not fit this dataset; restore "
+                       "into a loader over the same pipeline.") from error
+    return iterator
+
+
+def _static_batch_size(tf: Any, element_spec: Any) -> int | None:
+  """The batch size when every component of a tf.data element has the same static first dim."""
+  sizes = {spec.shape[0] if isinstance(spec, tf.TensorSpec) and spec.shape.rank else None
+           for spec in tf.nest.flatten(element_spec)}
+  return sizes.pop() if len(sizes) == 1 and None not in sizes else None

@@ -1,0 +1,211 @@
+"""jaxport.data.loader over tf.data: batching, zero-copy transfer, errors, resume via tf.data
+iterator checkpoints."""
+import itertools
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from data_support import assert_batches_equal, host
+import jaxport.data
+import jaxport.interop
+from jaxport.data import NotResumableError
+
+
+def records(n, shuffle_seed=None, shuffle=True):
+  ds = tf.data.Dataset.range(n)
+  if shuffle:
+    ds = ds.shuffle(n, seed=shuffle_seed)
+  return ds.map(lambda i: {"id": tf.cast(i, tf.int32),
+                           "image": tf.fill([2, 2, 1], tf.cast(i, tf.uint8)),
+                           "value": tf.cast(i, tf.float32) / 2})
+
+
+def ids(batch):
+  return np.asarray(batch["id"]).tolist()
+
+
+def test_unbatched_dataset_is_batched_in_tf_data():
+  loader = jaxport.data.loader(records(7, shuffle=False), batch_size=3, last_batch="partial")
+  assert len(loader) == 3
+  out = list(loader)
+  assert [ids(b) for b in out] == [[0, 1, 2], [3, 4, 5], [6]]
+  assert {k: v.dtype for k, v in out[0].items()} == {"id": jnp.int32, "image": jnp.uint8,
+                                                       "value": jnp.float32}
+  expected = list(records(7, shuffle=False).batch(3).as_numpy_iterator())
+  assert_batches_equal(out, expected)
+
+
+@pytest.mark.parametrize("policy, sizes", [("drop", [3, 3]), ("partial", [3, 3, 1]), ("pad", [3, 3, 3])])
+def test_batched_dataset(policy, sizes):
+  dataset = records(7, shuffle=False).batch(3)
+  out = list(jaxport.data.loader(dataset, last_batch=policy))
+  assert [b["id"].shape[0] for b in out] == sizes
+  if policy == "pad":
+    assert np.asarray(out[-1]["mask"]).tolist() == [True, False, False]
+    assert ids(out[-1]) == [6, 0, 0]
+
+
+def test_len_of_statically_batched_dataset():
+  assert len(jaxport.data.loader(records(7).batch(3, drop_remainder=True))) == 2
+  assert len(jaxport.data.loader(records(7).batch(3), last_batch="pad")) == 3
+  with pytest.raises(TypeError):
+    len(jaxport.data.loader(records(7).batch(3)))  # drop, last batch may be short
+  with pytest.raises(TypeError):
+    len(jaxport.data.loader(records(7).repeat(), batch_size=2))
+
+
+def test_tf_tensors_reach_to_jax_without_host_copies(monkeypatch):
+  seen = []
+  to_jax = jaxport.interop.to_jax
+
+  def spy(x, **kwargs):
+    seen.append(type(x))
+    return to_jax(x, **kwargs)
+
+  monkeypatch.setattr(jaxport.interop, "to_jax", spy)
+  list(jaxport.data.loader(records(4), batch_size=2))
+  assert seen and all(issubclass(kind, tf.Tensor) for kind in seen), seen
+
+
+def test_tf_buffers_are_aliased():
+  tensors = [tf.reshape(tf.range(64 * 3, dtype=tf.float32) + i, (64, 3)) for i in range(3)]
+  out = list(jaxport.data.loader(tensors, prefetch=0))
+  for tensor, array in zip(tensors, out):
+    assert array.unsafe_buffer_pointer() == tensor._numpy().ctypes.data  # pylint: disable=protected-access
+    np.testing.assert_array_equal(array, tensor.numpy())
+
+
+def test_dtype_cast_on_device():
+  policy = {"image": jnp.bfloat16, tf.float32.as_numpy_dtype: jnp.float16}
+  out = next(iter(jaxport.data.loader(records(4), batch_size=2, dtypes=policy)))
+  assert out["image"].dtype == jnp.bfloat16 and out["value"].dtype == jnp.float16
+  assert out["id"].dtype == jnp.int32
+
+
+def test_int64_features_become_int32():
+  out = next(iter(jaxport.data.loader(tf.data.Dataset.range(4), batch_size=4)))
+  assert out.dtype == jnp.int32
+  np.testing.assert_array_equal(out, np.arange(4))
+
+
+@pytest.mark.parametrize("dataset, path, what", [
+    (lambda: tf.data.Dataset.from_tensor_slices({"x": [1.0, 2.0], "name": ["a", "b"]}).batch(2),
+     r"\['name'\]", "tf.string tensor"),
+    (lambda: tf.data.Dataset.from_tensor_slices(
+        {"x": [1.0, 2.0], "tokens": tf.ragged.constant([[1], [2, 3]])}).batch(2),
+     r"\['tokens'\]", "tf.RaggedTensor"),
+    (lambda: tf.data.Dataset.from_tensors((tf.zeros(3), tf.sparse.eye(3))), r"\[1\]",
+     "tf.SparseTensor"),
+])
+def test_leaves_jax_cannot_hold_raise_type_error(dataset, path, what):
+  with pytest.raises(TypeError, match=rf"leaf {path} is a {what}"):
+    list(jaxport.data.loader(dataset()))
+
+
+def test_string_examples_are_rejected_before_stacking():
+  source = [{"x": tf.constant(1.0), "name": tf.constant("a")}] * 2
+  with pytest.raises(TypeError, match=r"leaf \['name'\] is a tf.string tensor"):
+    list(jaxport.data.loader(source, batch_size=2))
+
+
+# Resume ----------------------------------------------------------------------------------------
+
+
+def epochs_of(loader, epochs):
+  for _ in range(epochs):
+    yield from loader
+
+
+@settings(max_examples=10, deadline=None)
+@given(stop=st.integers(0, 8), prefetch=st.sampled_from([0, 2]),
+       checkpoint_every=st.sampled_from([None, 1, 2]), policy=st.sampled_from(["drop", "pad"]))
+# The last batch of an epoch, from a mid-epoch snapshot: the next epoch must reshuffle as before.
+@example(stop=3, prefetch=0, checkpoint_every=2, policy="drop")
+def test_resume_equals_an_uninterrupted_run(stop, prefetch, checkpoint_every, policy):
+  kwargs = dict(batch_size=3, last_batch=policy, checkpoint_every=checkpoint_every)
+  expected = [host(b) for b in epochs_of(jaxport.data.loader(records(10, shuffle_seed=5), **kwargs), 2)]
+  first = jaxport.data.loader(records(10, shuffle_seed=5), prefetch=prefetch, **kwargs)
+  received = [host(b) for b in itertools.islice(epochs_of(first, 2), stop)]
+  state = json.loads(json.dumps(first.state()))
+  first.close()
+  # A freshly built pipeline, as after a restart: its iterators start from the saved ones.
+  resumed = jaxport.data.loader(records(10, shuffle_seed=5), prefetch=prefetch, state=state, **kwargs)
+  received += [host(b) for b in epochs_of(resumed, 2 - state["epoch"])]
+  assert_batches_equal(received, expected)
+
+
+def test_resume_restores_an_unseeded_shuffle_order():
+  first = jaxport.data.loader(records(12), batch_size=2, prefetch=2)
+  head = [ids(b) for b in itertools.islice(first, 2)]
+  state = first.state()
+  tail = [ids(b) for b in first]  # the uninterrupted continuation
+  resumed = jaxport.data.loader(records(12), batch_size=2, state=state)  # new random seeds
+  assert [ids(b) for b in resumed] == tail
+  assert sorted(sum(head + tail, [])) == list(range(12))
+
+
+def test_checkpoint_every_bounds_the_replay():
+  loader = jaxport.data.loader(records(20), batch_size=2, checkpoint_every=2, prefetch=3)
+  list(itertools.islice(loader, 5))
+  state = loader.state()
+  assert state["step"] == 5 and state["source_state"]["position"] == 4
+  without = jaxport.data.loader(records(20), batch_size=2)
+  list(itertools.islice(without, 5))
+  assert without.state()["source_state"]["position"] == 0
+
+
+def test_generator_pipelines_explain_how_to_resume():
+  def generate():
+    yield from range(6)
+
+  dataset = tf.data.Dataset.from_generator(generate, output_signature=tf.TensorSpec((), tf.int64))
+  loader = jaxport.data.loader(dataset, batch_size=2)
+  next(loader)
+  with pytest.raises(NotResumableError, match="ExternalStatePolicy.IGNORE"):
+    loader.state()
+
+  options = tf.data.Options()
+  options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+  ignoring = dataset.with_options(options)
+  loader = jaxport.data.loader(ignoring, batch_size=2)
+  assert np.asarray(next(loader)).tolist() == [0, 1]
+  resumed = jaxport.data.loader(ignoring, batch_size=2, state=loader.state())
+  assert [np.asarray(b).tolist() for b in resumed] == [[2, 3], [4, 5]]
+  with pytest.raises(ValueError, match="checkpoint_every= needs snapshots of the whole pipeline"):
+    jaxport.data.loader(ignoring, batch_size=2, checkpoint_every=1)
+
+
+def test_restore_into_a_different_pipeline_is_an_error():
+  state = jaxport.data.loader(records(6), batch_size=2).state()
+  other = tf.data.Dataset.range(6).map(lambda i: i * 2)
+  with pytest.raises(ValueError, match="does not fit"):
+    jaxport.data.loader(other, batch_size=2, state=state)
+
+
+# Several processes, without starting them: only the per-process arithmetic ---------------------
+
+
+@pytest.fixture
+def two_processes(monkeypatch):
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(jax, "process_index", lambda: 1)
+
+
+def test_several_processes_need_a_known_length(two_processes):
+  with pytest.raises(ValueError, match="length of the source must be known"):
+    jaxport.data.loader(records(8).filter(lambda x: x["id"] > 2), batch_size=4)
+
+
+def test_several_processes_split_the_batch(two_processes):
+  with pytest.raises(ValueError, match="does not split evenly"):
+    jaxport.data.loader(records(8), batch_size=3)
+  with pytest.raises(ValueError, match="'partial'"):
+    jaxport.data.loader(records(8), batch_size=4, last_batch="partial")
+  assert len(jaxport.data.loader(records(9), batch_size=4, last_batch="pad")) == 3
+  assert len(jaxport.data.loader(records(9), batch_size=4)) == 2
