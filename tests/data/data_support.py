@@ -15,3 +15,17 @@ def assert_batches_equal(actual, expected):
     assert jax.tree.structure(a) == jax.tree.structure(e), (number, a, e)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(e)):
       np.testing.assert_array_equal(x, y, err_msg=f"batch {number}")
+
+
+def spy_on_to_jax(monkeypatch) -> list:
+  """Records the type of every leaf the loader hands to jaxport.interop.to_jax."""
+  import jaxport.interop
+  seen = []
+  to_jax = jaxport.interop.to_jax
+
+  def spy(x, **kwargs):
+    seen.append(type(x))
+    return to_jax(x, **kwargs)
+
+  monkeypatch.setattr(jaxport.interop, "to_jax", spy)
+  return seen

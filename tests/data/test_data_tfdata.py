@@ -11,7 +11,7 @@ import tensorflow as tf
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from data_support import assert_batches_equal, host
+from data_support import assert_batches_equal, host, spy_on_to_jax
 import jaxport.data
 import jaxport.interop
 from jaxport.data import NotResumableError
@@ -61,14 +61,7 @@ def test_len_of_statically_batched_dataset():
 
 
 def test_tf_tensors_reach_to_jax_without_host_copies(monkeypatch):
-  seen = []
-  to_jax = jaxport.interop.to_jax
-
-  def spy(x, **kwargs):
-    seen.append(type(x))
-    return to_jax(x, **kwargs)
-
-  monkeypatch.setattr(jaxport.interop, "to_jax", spy)
+  seen = spy_on_to_jax(monkeypatch)
   list(jaxport.data.loader(records(4), batch_size=2))
   assert seen and all(issubclass(kind, tf.Tensor) for kind in seen), seen
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from data_support import assert_batches_equal, host
+from data_support import assert_batches_equal, host, spy_on_to_jax
 import jaxport.data
 import jaxport.interop
 
@@ -58,14 +58,7 @@ def test_double_batching_is_an_error():
 
 
 def test_torch_tensors_reach_to_jax_and_are_aliased(monkeypatch):
-  seen = []
-  to_jax = jaxport.interop.to_jax
-
-  def spy(x, **kwargs):
-    seen.append(type(x))
-    return to_jax(x, **kwargs)
-
-  monkeypatch.setattr(jaxport.interop, "to_jax", spy)
+  seen = spy_on_to_jax(monkeypatch)
   tensors = [torch.arange(64 * 4, dtype=torch.float32).reshape(64, 4) + i for i in range(2)]
   out = list(jaxport.data.loader(tensors, prefetch=0))
   assert seen == [torch.Tensor, torch.Tensor]

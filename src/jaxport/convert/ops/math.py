@@ -83,12 +83,12 @@ def truncate_div(xp, x, y):
   return xp.where(inexact_negative, floor + 1, floor)
 
 
-# --------------------------------------------------------------------------- unary math
+# --------------------------------------------------------------------------- NumPy-named math
 
 
 def _numpy_api(op_type, name):
   """Registers `op_type` as the function called `name` in both NumPy and jax.numpy."""
-  _elementwise(op_type)(lambda xp, x: getattr(xp, name)(x))
+  _elementwise(op_type)(lambda xp, *xs: getattr(xp, name)(*xs))
 
 
 for _op, _name in {
@@ -98,7 +98,12 @@ for _op, _name in {
     "Tanh": "tanh", "Asinh": "arcsinh", "Acosh": "arccosh", "Atanh": "arctanh", "Floor": "floor",
     "Ceil": "ceil", "Rint": "rint", "IsNan": "isnan", "IsInf": "isinf", "IsFinite": "isfinite",
     "Real": "real", "Imag": "imag", "Conj": "conj", "Angle": "angle", "ComplexAbs": "abs",
-    "Invert": "invert",
+    "Invert": "invert", "LogicalNot": "logical_not",
+    "Round": "round",   # half to even, like TF; integers unchanged
+    # Binary. Add also concatenates string constants, like TF; Mod/TruncateMod take the dividend's sign.
+    "Add": "add", "AddV2": "add", "Sub": "subtract", "Mul": "multiply", "Atan2": "arctan2",
+    "Mod": "fmod", "TruncateMod": "fmod", "BitwiseAnd": "bitwise_and", "BitwiseOr": "bitwise_or",
+    "BitwiseXor": "bitwise_xor", "LogicalAnd": "logical_and", "LogicalOr": "logical_or",
 }.items():
   _numpy_api(_op, _name)
 
@@ -113,12 +118,6 @@ def _filled_like(fill):
 
 register("ZerosLike")(_filled_like(0))
 register("OnesLike")(_filled_like(1))
-
-
-@_elementwise("Round")
-def _round(xp, x):
-  # Half to even, like TF; integers are unchanged.
-  return xp.round(x)
 
 
 @jax.custom_jvp
@@ -315,21 +314,6 @@ def _reciprocal_grad(xp, y, dy):
 # --------------------------------------------------------------------------- binary arithmetic
 
 
-@_elementwise("Add", "AddV2")
-def _add(xp, x, y):
-  return xp.add(x, y)   # also concatenates string constants, like TF's Add
-
-
-@_elementwise("Sub")
-def _sub(xp, x, y):
-  return xp.subtract(x, y)
-
-
-@_elementwise("Mul")
-def _mul(xp, x, y):
-  return xp.multiply(x, y)
-
-
 @register("AddN")
 def _add_n(ctx, *xs):
   if not all(hasattr(x, "dtype") for x in xs):   # pytrees such as TensorLists: add leaf by leaf
@@ -351,11 +335,6 @@ def _truncate_div(xp, x, y):
 def _floor_div(xp, x, y):
   # Floats: floor(x / y), not Python's `//` (TF gives floor(1 / 0.1) = 10, Python 9).
   return xp.floor_divide(x, y) if _is_integer(x) else xp.floor(x / y)
-
-
-@_elementwise("Mod", "TruncateMod")
-def _truncate_mod(xp, x, y):
-  return xp.fmod(x, y)   # sign of the dividend, like C
 
 
 @_elementwise("FloorMod")
@@ -470,26 +449,6 @@ def _mul_no_nan(xp, x, y):
   return np.where(y == 0, np.zeros_like(product), product)
 
 
-@_elementwise("Atan2")
-def _atan2(xp, y, x):
-  return xp.arctan2(y, x)
-
-
-@_elementwise("BitwiseAnd")
-def _bitwise_and(xp, x, y):
-  return xp.bitwise_and(x, y)
-
-
-@_elementwise("BitwiseOr")
-def _bitwise_or(xp, x, y):
-  return xp.bitwise_or(x, y)
-
-
-@_elementwise("BitwiseXor")
-def _bitwise_xor(xp, x, y):
-  return xp.bitwise_xor(x, y)
-
-
 def _clamped_shift(xp, x, y):
   # TF clamps the shift amount to [0, bits - 1]; XLA would give 0 beyond the width.
   return xp.clip(y, 0, np.dtype(x.dtype).itemsize * 8 - 1).astype(y.dtype)
@@ -550,24 +509,6 @@ _comparison("Less", "less")
 _comparison("LessEqual", "less_equal")
 _comparison("Greater", "greater")
 _comparison("GreaterEqual", "greater_equal")
-
-
-@_elementwise("LogicalAnd")
-def _logical_and(xp, x, y):
-  return xp.logical_and(x, y)
-
-
-@_elementwise("LogicalOr")
-def _logical_or(xp, x, y):
-  return xp.logical_or(x, y)
-
-
-@_elementwise("LogicalNot")
-def _logical_not(xp, x):
-  return xp.logical_not(x)
-
-
-# --------------------------------------------------------------------------- casts
 
 
 def _zero_low_mantissa_bits(xp, x, dst):
