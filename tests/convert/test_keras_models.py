@@ -123,6 +123,7 @@ def test_keras3_and_tf_keras_inference_and_training(lib):
   assert_close(jax.jit(jax_fn)(params, x)[0], model(x, training=False), 1e-5, 1e-5)
 
   train_fn, train_params = jaxport.convert(lambda t: model(t, training=True), x)
+  assert set(params) <= set(train_params)   # the same names in both modes (+ dropout seed state)
   assert train_fn.requires_rng
   out, new_params = jax.jit(train_fn)(train_params, x, rng=jax.random.key(0))
   assert out.shape == (4, 3)

@@ -18,7 +18,6 @@ from jaxport.errors import (DtypeMismatchError, MissingInputError, ShapeMismatch
                             SignatureError, UnsupportedOperationsError)
 
 
-
 class Variable(np.ndarray):
   """A parameter value that remembers its TF variable's name and `trainable` flag."""
 
@@ -95,9 +94,9 @@ class ConvertedFunction:
     tensors = [x for i, x in enumerate(leaves) if i not in self._static_leaves]
     out = []
     for spec, x in zip(self._input_specs, tensors):
-      x = jnp.asarray(x) if not hasattr(x, "shape") or not hasattr(x, "dtype") else x
+      x = jnp.asarray(x)
       self._check_input(spec, x)
-      out.append(jnp.asarray(x))
+      out.append(x)
     return out
 
   def _check_input(self, spec: InputSpec, x) -> None:
@@ -124,27 +123,44 @@ def _tf():
 
 
 def _is_keras_object(fn) -> bool:
-  mod = type(fn).__module__
-  return (mod.startswith(("keras", "tf_keras")) or "keras" in mod) and callable(fn)
+  return "keras" in type(fn).__module__ and callable(fn)
 
 
-def _keras_variable_paths(obj) -> dict[int, str]:
-  """Keras 3 variables are named by path (`dense/kernel`); map handle id -> path."""
+def _keras_objects(fn) -> list:
+  """`fn` if it is a Keras model or layer, else the ones it closes over or names as globals."""
+  if _is_keras_object(fn):
+    return [fn]
+  fn = getattr(fn, "python_function", fn)   # a tf.function
+  found = [getattr(fn, "__self__", None)]
+  found += [cell.cell_contents for cell in getattr(fn, "__closure__", None) or () if cell.cell_contents]
+  code, scope = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
+  found += [scope.get(name) for name in (code.co_names if code else ())]
+  return [obj for obj in found if obj is not None and _is_keras_object(obj)]
+
+
+def _keras_variable_paths(fn) -> dict[int, str]:
+  """Keras 3 names variables by path (`dense/kernel`); map each handle id to its path."""
   paths = {}
-  for v in getattr(obj, "variables", None) or []:
-    path = getattr(v, "path", None)
-    tf_var = getattr(v, "_value", None)
-    if path and tf_var is not None and hasattr(tf_var, "handle"):
-      paths[id(tf_var.handle)] = path
+  for obj in _keras_objects(fn):
+    for v in getattr(obj, "variables", None) or []:
+      path = getattr(v, "path", None)
+      tf_var = getattr(v, "_value", None)
+      if path and tf_var is not None and hasattr(tf_var, "handle"):
+        paths[id(tf_var.handle)] = path
   return paths
+
+
+def _is_static_leaf(x) -> bool:
+  """Leaves that stay Python values in the trace (e.g. `training=True`), not tensor inputs."""
+  return isinstance(x, (bool, str, bytes)) or x is None
 
 
 def _to_spec(x):
   tf = _tf()
   if isinstance(x, tf.TensorSpec):
     return x
-  if isinstance(x, (bool, str, bytes)) or x is None:
-    return x  # static: becomes part of the trace, not an input
+  if _is_static_leaf(x):
+    return x
   if isinstance(x, float):
     return tf.TensorSpec((), tf.float32)
   if isinstance(x, int):
@@ -159,11 +175,10 @@ def _to_spec(x):
 
 def _concrete_function(fn, args, kwargs):
   tf = _tf()
-  paths = {}
   if isinstance(fn, tf.types.experimental.ConcreteFunction):
-    return fn, paths
+    return fn, {}
+  paths = _keras_variable_paths(fn)
   if _is_keras_object(fn) and not hasattr(fn, "get_concrete_function"):
-    paths = _keras_variable_paths(fn)
     model = fn
     fn = tf.function(lambda *a, **k: model(*a, **k))
   elif not hasattr(fn, "get_concrete_function"):
@@ -173,15 +188,12 @@ def _concrete_function(fn, args, kwargs):
 
 
 def _path_name(path) -> str:
-  if not path:
-    return "input"
+  """How an error names the leaf at `path` in (args, kwargs): `args[0]['x']`, `scale`."""
   head, *rest = path
-  name = f"args[{rest[0]}]" if head == 0 and rest else (repr(rest[0]) if rest else "kwargs")
-  if head == 1 and rest:
-    name = str(rest[0])
-  for p in rest[1:]:
-    name += f"[{p!r}]"
-  return name
+  if not rest:
+    return "args" if head == 0 else "kwargs"
+  name = f"args[{rest[0]}]" if head == 0 else str(rest[0])
+  return name + "".join(f"[{p!r}]" for p in rest[1:])
 
 
 def _unsupported(graph: GraphFunction, library: Library) -> dict[str, list[str]]:
@@ -325,8 +337,7 @@ def _text(name) -> str:
 
 
 def _static_leaf_indices(args, kwargs) -> dict[int, Any]:
-  return {i: x for i, x in enumerate(tree.flatten((tuple(args), dict(kwargs))))
-          if isinstance(x, (bool, str, bytes)) or x is None}
+  return {i: x for i, x in enumerate(tree.flatten((tuple(args), dict(kwargs)))) if _is_static_leaf(x)}
 
 
 # --------------------------------------------------------------------------- public API
