@@ -57,7 +57,7 @@ def prepare(cf, graph: GraphFunction, variable_ref) -> dict[int, CustomGradient]
     op = cf.graph.get_operation_by_name(node.name)
     specs = [tf.TensorSpec(o.shape, o.dtype) for o in op.outputs]
     with cf.graph.as_default():
-      grad_cf = tf.function(lambda *dys: grad_fn(op, *dys)).get_concrete_function(*specs)
+      grad_cf = tf.function(lambda *dys: grad_fn(op, *dys), autograph=False).get_concrete_function(*specs)
     found[id(node)] = _decode_gradient(grad_cf, node, cf, variable_ref)
   graph._schedule = None   # node inputs changed
   return found
