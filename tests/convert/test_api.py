@@ -290,3 +290,12 @@ def test_tf1_saved_model_signature(tmp_path):
 def test_python_scalar_example_becomes_float32_input():
   f = jaxport.convert_functional(lambda x: x * x, 0.0)
   assert float(jax.grad(f)(3.0)) == pytest.approx(6.0)
+
+
+def test_function_closing_over_arrays_converts():
+  table = np.arange(12, dtype=np.float32).reshape(4, 3)   # closed over, not a Keras object
+
+  def fn(x):
+    return x * table
+
+  np.testing.assert_allclose(jaxport.convert_functional(fn, X)(X), X * table)

@@ -132,7 +132,11 @@ def _keras_objects(fn) -> list:
     return [fn]
   fn = getattr(fn, "python_function", fn)   # a tf.function
   found = [getattr(fn, "__self__", None)]
-  found += [cell.cell_contents for cell in getattr(fn, "__closure__", None) or () if cell.cell_contents]
+  for cell in getattr(fn, "__closure__", None) or ():
+    try:
+      found.append(cell.cell_contents)
+    except ValueError:   # an empty cell
+      pass
   code, scope = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
   found += [scope.get(name) for name in (code.co_names if code else ())]
   return [obj for obj in found if obj is not None and _is_keras_object(obj)]
