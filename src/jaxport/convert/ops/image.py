@@ -84,15 +84,20 @@ def _nearest(images, spec: _Resize):
   return out
 
 
-@register("ResizeNearestNeighbor")
-def resize_nearest_neighbor(ctx, images, size):
-  return _nearest(images, _Resize.forward(ctx, images, size))
+def _register_resize(op: str, resample) -> None:
+  """`Resize{op}` and the `Resize{op}Grad` TF emits for it, both from one resampling function."""
+  register(f"Resize{op}")(lambda ctx, images, size: resample(images, _Resize.forward(ctx, images, size)))
+
+  @register(f"Resize{op}Grad")
+  def grad(ctx, grads, original):
+    if op == "NearestNeighbor":   # its second input is the original size, not the image
+      shape, dtype = (grads.shape[0], *static_ints(original, "size"), grads.shape[3]), grads.dtype
+    else:
+      shape, dtype = original.shape, original.dtype
+    return _Resize.backward(ctx, grads, shape).transpose(resample, grads, dtype)
 
 
-@register("ResizeNearestNeighborGrad")
-def resize_nearest_neighbor_grad(ctx, grads, size):
-  in_shape = (grads.shape[0], *static_ints(size, "size"), grads.shape[3])
-  return _Resize.backward(ctx, grads, in_shape).transpose(_nearest, grads, grads.dtype)
+_register_resize("NearestNeighbor", _nearest)
 
 
 # --------------------------------------------------------------------------- bilinear
@@ -116,15 +121,7 @@ def _bilinear(images, spec: _Resize):
   return out
 
 
-@register("ResizeBilinear")
-def resize_bilinear(ctx, images, size):
-  return _bilinear(images, _Resize.forward(ctx, images, size))
-
-
-@register("ResizeBilinearGrad")
-def resize_bilinear_grad(ctx, grads, original_image):
-  spec = _Resize.backward(ctx, grads, original_image.shape)
-  return spec.transpose(_bilinear, grads, original_image.dtype)
+_register_resize("Bilinear", _bilinear)
 
 
 # --------------------------------------------------------------------------- bicubic
@@ -170,15 +167,7 @@ def _bicubic(images, spec: _Resize):
   return out
 
 
-@register("ResizeBicubic")
-def resize_bicubic(ctx, images, size):
-  return _bicubic(images, _Resize.forward(ctx, images, size))
-
-
-@register("ResizeBicubicGrad")
-def resize_bicubic_grad(ctx, grads, original_image):
-  spec = _Resize.backward(ctx, grads, original_image.shape)
-  return spec.transpose(_bicubic, grads, original_image.dtype)
+_register_resize("Bicubic", _bicubic)
 
 
 # --------------------------------------------------------------------------- area
