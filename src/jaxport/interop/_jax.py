@@ -202,9 +202,6 @@ class Jax(_base.Framework):
   def transfer(self, y: jax.Array, native: Any) -> jax.Array:
     return jax.device_put(y, native)
 
-  def from_host(self, array: np.ndarray, native: Any) -> jax.Array:
-    return jax.device_put(array, native)
-
   def narrow(self, y: jax.Array, dtype: np.dtype) -> jax.Array:
     return jnp.asarray(y, dtype)
 

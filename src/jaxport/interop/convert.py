@@ -127,36 +127,35 @@ def _execute(x: Any, buf: _base.Buffer, plan: Plan, req: Request) -> Any:
     again = framework.describe(x, dst.needs_exact)._replace(owned=copied)
     return _execute(x, again, decide(again, req, True, plan.reasons), req)
 
-  on_cpu = buf.device[0] == _dlpack.CPU
-  native = None
-  if plan.via_host or plan.narrow is not None:
-    native = req.native if req.native is not None else \
-        dst.resolve_device(_dlpack.device_name(buf.device))[1]  # stay on the source's device
-  narrowed = plan.narrow is not None and on_cpu
-  if narrowed:
-    # The narrowing copy is unavoidable: check and make it once, with NumPy on a host view.
+  if plan.narrow is not None and buf.device[0] == _dlpack.CPU:
+    # The narrowing copy is unavoidable: check and make it once with NumPy on a host view,
+    # then import that new array like any other.
     host = _leaf(x, _HOST_VIEW, "split", False)
     if plan.check_range is not None and host.size:
       _check_range(buf.dtype, plan.check_range, int(host.min()), int(host.max()))
-    y = dst.from_host(host.astype(plan.narrow), native)
+    framework, x, _ = _source(host.astype(plan.narrow))
+    again = framework.describe(x, dst.needs_exact)._replace(owned=True)
+    return _execute(x, again, decide(again, req, True, plan.reasons), req)
+  if plan.check_range is not None:
+    _check_range(buf.dtype, plan.check_range, *src.value_range(x))
+  if plan.via_host:
+    host = _HOST_VIEW if buf.device[0] == _dlpack.CPU else _HOST_COPY
+    native = req.native if req.native is not None else \
+        dst.resolve_device(_dlpack.device_name(buf.device))[1]  # stay on the source's device
+    y = dst.from_host(_leaf(x, host, "split", False), native)
   else:
-    if plan.check_range is not None:
-      _check_range(buf.dtype, plan.check_range, *src.value_range(x))
-    if plan.via_host:
-      y = dst.from_host(_leaf(x, _HOST_VIEW if on_cpu else _HOST_COPY, "split", False), native)
-    else:
-      producer = src.producer(x, buf, plan.send, dst.immutable)
-      if plan.wire != plan.send:
-        producer = _dlpack.Retagged(producer, plan.wire)
-      if not dst.takes_stream and not on_cpu:
-        src.synchronize(x)
-      y = dst.import_(producer, plan.import_device, None if plan.transfer else req.native,
-                      False if req.copy is False else None)
-      if not plan.post_steps:
-        return y
-      if plan.wire != plan.dtype:
-        y = dst.view(y, plan.dtype)
-  if plan.narrow is not None and not narrowed:
+    producer = src.producer(x, buf, plan.send, dst.immutable)
+    if plan.wire != plan.send:
+      producer = _dlpack.Retagged(producer, plan.wire)
+    if not dst.takes_stream and buf.device[0] != _dlpack.CPU:
+      src.synchronize(x)
+    y = dst.import_(producer, plan.import_device, None if plan.transfer else req.native,
+                    False if req.copy is False else None)
+    if not plan.post_steps:
+      return y
+    if plan.wire != plan.dtype:
+      y = dst.view(y, plan.dtype)
+  if plan.narrow is not None:
     y = dst.narrow(y, plan.narrow)
   if plan.transfer:
     y = dst.transfer(y, req.native)
