@@ -1,5 +1,4 @@
 """The `jaxport` command."""
-import numpy as np
 import pytest
 import tensorflow as tf
 

@@ -4,7 +4,6 @@ import warnings
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 import tensorflow as tf

@@ -1,7 +1,6 @@
 """@tf.custom_gradient becomes a jax.custom_vjp (config: convert_custom_gradient)."""
 import jax
 import numpy as np
-import pytest
 import tensorflow as tf
 
 import jaxport

@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import tree
@@ -200,18 +199,19 @@ def _path_name(path) -> str:
   return name + "".join(f"[{p!r}]" for p in rest[1:])
 
 
-def _unsupported(graph: GraphFunction, library: Library) -> dict[str, list[str]]:
-  """Every op type without a rule, with the nodes that use it, across called functions."""
-  known = supported_ops()
-  missing: dict[str, list[str]] = {}
+def _op_uses(graph: GraphFunction, library: Library) -> dict[str, list[str]]:
+  """Every op type that can run, with the nodes that use it, across the functions `graph` calls.
+
+  A call to a function missing from the library counts as the op `<missing function NAME>`.
+  """
+  uses: dict[str, list[str]] = {}
   seen: set[str] = set()
   pending = [graph]
   while pending:
     fn = pending.pop()
     for node in fn.live_nodes():
-      if node.op not in known and node.op not in ("Placeholder", "_Arg"):
-        label = node.name if fn is graph else f"{fn.name}/{node.name}"
-        missing.setdefault(node.op, []).append(label)
+      label = node.name if fn is graph else f"{fn.name}/{node.name}"
+      uses.setdefault(node.op, []).append(label)
       for value in node.attrs.values():
         for f in (value if isinstance(value, list) else [value]):
           if isinstance(f, FuncAttr) and f.name not in seen:
@@ -219,19 +219,17 @@ def _unsupported(graph: GraphFunction, library: Library) -> dict[str, list[str]]
             if f.name in library:
               pending.append(library[f.name])
             else:
-              missing.setdefault(f"<missing function {f.name}>", []).append(node.name)
+              uses.setdefault(f"<missing function {f.name}>", []).append(node.name)
       if node.op in library and node.op not in seen:   # direct function-name ops
         seen.add(node.op)
         pending.append(library[node.op])
-  return missing
+  return uses
 
 
-def _uses_random(graph: GraphFunction, library: Library) -> bool:
-  ops = {n.op for n in graph.live_nodes()}
-  for name in library.names():
-    ops |= {n.op for n in library[name].nodes.values()}
-  from jaxport.convert.ops.random import RNG_OPS
-  return bool(ops & RNG_OPS)
+def _unsupported(uses: dict[str, list[str]], library: Library) -> dict[str, list[str]]:
+  """The op types of `uses` without a rule."""
+  known = supported_ops() | {"Placeholder", "_Arg"}
+  return {op: nodes for op, nodes in uses.items() if op not in known and op not in library}
 
 
 class _ParamCollector:
@@ -288,7 +286,7 @@ def _decode_graph(cf):
 def unsupported_in_concrete(cf) -> dict[str, list[str]]:
   """Unsupported op types of a concrete function, with the nodes that use them."""
   graph, library, _ = _decode_graph(cf)
-  return _unsupported(graph, library)
+  return _unsupported(_op_uses(graph, library), library)
 
 
 def _from_concrete(cf, keras_paths: dict[int, str], input_structure, static_leaves) -> tuple[ConvertedFunction, dict]:
@@ -314,7 +312,9 @@ def _from_concrete(cf, keras_paths: dict[int, str], input_structure, static_leav
                       if conf["convert_custom_gradient"] else {})
   params, tf_variables = collector.params, collector.tf_variables
 
-  missing = _unsupported(graph, library)
+  from jaxport.convert.ops.random import RNG_OPS   # loads the op rules on first use
+  uses = _op_uses(graph, library)
+  missing = _unsupported(uses, library)
   if missing:
     raise UnsupportedOperationsError(missing)
 
@@ -328,7 +328,7 @@ def _from_concrete(cf, keras_paths: dict[int, str], input_structure, static_leav
       graph, library, input_specs=specs, static_leaves=static_leaves, input_structure=input_structure,
       captures=captures, output_structure=tree.map_structure(lambda _: 0, cf.structured_outputs),
       output_leaves=output_leaves,
-      param_keys=list(params), config=conf, requires_rng=_uses_random(graph, library),
+      param_keys=list(params), config=conf, requires_rng=bool(RNG_OPS.intersection(uses)),
       name=_text(getattr(cf, "name", "converted")), custom_gradients=custom_gradients)
   jax_fn.params = params
   jax_fn.tf_variables = tf_variables   # the TF variable behind each params key

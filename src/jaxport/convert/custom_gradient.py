@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxport.convert.graph import GraphFunction, Library, Node, decode_nodes, parse_tensor_name
+from jaxport.convert.graph import GraphFunction, Library, Node, decode_nodes
 from jaxport.convert.interpreter import Runtime, VariableRef, run_function
 
 GRADIENT_OP_TYPE = "_gradient_op_type"

@@ -6,7 +6,6 @@ import zlib
 from typing import Any
 
 import jax
-import numpy as np
 
 from jaxport.convert.graph import GraphFunction, Library, Node
 from jaxport.convert.registry import get_rule
@@ -129,7 +128,3 @@ def run_function(fn: GraphFunction, args: list, runtime: Runtime) -> list:
 def _call_library_op(ctx: OpContext, *args):
   return ctx.runtime.call(ctx.op, args)
 
-
-def is_static(x) -> bool:
-  """True for values known at trace time (NumPy constants, refs, Python scalars)."""
-  return isinstance(x, (np.ndarray, np.generic, VariableRef, int, float, bool))

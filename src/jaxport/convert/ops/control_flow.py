@@ -188,7 +188,7 @@ def while_loop(ctx, *loop_vars):
   if trips is not None:
     final = lax.fori_loop(0, trips, lambda i, c: body(c, iteration_rng(i)), carry)
   else:
-    final_i, final = lax.while_loop(
+    _, final = lax.while_loop(
         lambda ic: cond(ic[1], iteration_rng(ic[0])),
         lambda ic: (ic[0] + 1, body(ic[1], iteration_rng(ic[0]))),
         (jnp.int32(0), carry))
@@ -201,7 +201,7 @@ def while_loop(ctx, *loop_vars):
 # --------------------------------------------------------------------------- If / Case
 
 
-def _branch_call(runtime: Runtime, fn_names: list[str], index, args, out_dtypes, op_name: str):
+def _branch_call(runtime: Runtime, fn_names: list[str], index, args, out_dtypes):
   """Calls branch `index` (an int at trace time, or a traced int via lax.switch)."""
   if is_concrete(index):
     return runtime.call(fn_names[int(index)], args)
@@ -237,7 +237,7 @@ def if_(ctx, pred, *args):
   else:
     index = jnp.asarray(pred).reshape(()).astype(jnp.int32) != 0
     index = index.astype(jnp.int32)
-  return _branch_call(ctx.runtime, names, index, args, ctx.attr("Tout", []), ctx.name)
+  return _branch_call(ctx.runtime, names, index, args, ctx.attr("Tout", []))
 
 
 @register("Case", "StatelessCase")
@@ -250,4 +250,4 @@ def case(ctx, branch_index, *args):
   else:
     i = jnp.asarray(branch_index, jnp.int32)
     index = jnp.where((i < 0) | (i >= n), n - 1, i)
-  return _branch_call(ctx.runtime, names, index, args, ctx.attr("Tout", []), ctx.name)
+  return _branch_call(ctx.runtime, names, index, args, ctx.attr("Tout", []))
