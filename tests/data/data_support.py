@@ -18,14 +18,22 @@ def assert_batches_equal(actual, expected):
 
 
 def spy_on_to_jax(monkeypatch) -> list:
-  """Records the type of every leaf the loader hands to jaxport.interop.to_jax."""
-  import jaxport.interop
+  """Records the type of every leaf the loader converts to a jax.Array (without a sharding), and
+  checks that the array shares the leaf's memory."""
+  from jaxport.data import _transfer
+  from jaxport.interop import shares_memory
   seen = []
-  to_jax = jaxport.interop.to_jax
+  make = _transfer.jax_leaf_converter
 
-  def spy(x, **kwargs):
-    seen.append(type(x))
-    return to_jax(x, **kwargs)
+  def spying_converter(*args, **kwargs):
+    convert = make(*args, **kwargs)
 
-  monkeypatch.setattr(jaxport.interop, "to_jax", spy)
+    def spy(x):
+      y = convert(x)
+      assert shares_memory(x, y), f"the {type(x).__name__} leaf was copied"
+      seen.append(type(x))
+      return y
+    return spy
+
+  monkeypatch.setattr(_transfer, "jax_leaf_converter", spying_converter)
   return seen

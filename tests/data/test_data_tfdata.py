@@ -1,7 +1,10 @@
 """jaxport.data.loader over tf.data: batching, zero-copy transfer, errors, resume via tf.data
 iterator checkpoints."""
+import collections
 import itertools
 import json
+import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +18,9 @@ from data_support import assert_batches_equal, host, spy_on_to_jax
 import jaxport.data
 import jaxport.interop
 from jaxport.data import NotResumableError
+from jaxport.data._prefetch import InlineFeed
+from jaxport.data._sources import _ends_with_prefetch
+from jaxport.data._transfer import default_device
 
 
 def records(n, shuffle_seed=None, shuffle=True):
@@ -105,6 +111,122 @@ def test_string_examples_are_rejected_before_stacking():
   source = [{"x": tf.constant(1.0), "name": tf.constant("a")}] * 2
   with pytest.raises(TypeError, match=r"leaf \['name'\] is a tf.string tensor"):
     list(jaxport.data.loader(source, batch_size=2))
+
+
+# Reading and prefetching -----------------------------------------------------------------------
+
+Point = collections.namedtuple("Point", "x y")
+
+
+@pytest.mark.parametrize("element", [
+    lambda: {"b": {"z": tf.zeros([6, 2]), "a": tf.range(6)}, "a": tf.ones([6], tf.bool)},
+    lambda: (tf.range(6, dtype=tf.float32), {"k": tf.range(6, dtype=tf.int64)}),
+    lambda: Point(tf.range(6), tf.reshape(tf.range(12.0), [6, 2])),
+    lambda: {"x": tf.cast(tf.reshape(tf.range(18), [6, 3]), tf.bfloat16)},
+    lambda: tf.cast(tf.range(6), tf.uint8),
+], ids=["nested-dict", "tuple", "namedtuple", "bfloat16", "single"])
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_elements_are_read_as_flat_tensors_with_their_structure(element, prefetch):
+  ds = tf.data.Dataset.from_tensor_slices(element()).batch(4)  # batches of 4 and 2
+  loader = jaxport.data.loader(ds, prefetch=prefetch, last_batch="partial")
+  assert loader._source._reader is not None  # not next(iterator)
+  expected = [jax.tree.map(lambda x: x.astype(np.int32) if x.dtype == np.int64 else x, batch)
+              for batch in ds.as_numpy_iterator()]
+  assert_batches_equal(list(loader), expected)
+
+
+def test_leaves_of_a_tf_data_batch_must_share_the_batch_dimension():
+  ds = tf.data.Dataset.from_tensors({"a": tf.zeros([3, 2]), "b": tf.zeros([4])})
+  with pytest.raises(ValueError, match=r"leaf \['b'\] has 4 rows but \['a'\] has 3"):
+    list(jaxport.data.loader(ds))
+
+
+def test_a_scalar_component_of_a_tf_data_batch_is_named():
+  ds = tf.data.Dataset.from_tensors({"a": tf.zeros([3]), "n": tf.constant(1.0)})
+  with pytest.raises(ValueError, match=r"leaf \['n'\] of a batch is a scalar.*batch_size="):
+    list(jaxport.data.loader(ds))
+
+
+def test_tf_data_prefetches_in_its_own_threads():
+  before = {t for t in threading.enumerate() if t.name.startswith("jaxport-data-prefetch")}
+  loader = jaxport.data.loader(records(8), batch_size=2, prefetch=2)
+  next(loader)
+  after = {t for t in threading.enumerate() if t.name.startswith("jaxport-data-prefetch")}
+  assert isinstance(loader._feed, InlineFeed) and after == before  # no Python thread
+  assert _ends_with_prefetch(loader._source._dataset)
+  loader.close()
+
+
+def test_a_prefetch_stage_is_added_only_where_the_pipeline_lacks_one():
+  options = tf.data.Options()
+  options.deterministic = True
+  base = tf.data.Dataset.range(8).batch(2)
+  assert not _ends_with_prefetch(base) and not _ends_with_prefetch(base.prefetch(2).take(2))
+  assert _ends_with_prefetch(base.prefetch(2)) and _ends_with_prefetch(
+      base.prefetch(2).with_options(options))
+  own = base.prefetch(3)
+  assert jaxport.data.loader(own)._source._dataset._input_dataset is own  # only with_options
+  assert _ends_with_prefetch(jaxport.data.loader(base)._source._dataset)
+
+
+def test_tf_data_prefetch_overlaps_with_the_step():
+  delay, n = 0.03, 8
+
+  def slow(i):
+    time.sleep(delay)
+    return i
+
+  options = tf.data.Options()  # no asynchrony but the loader's (no injected prefetch or fusion)
+  options.experimental_optimization.apply_default_optimizations = False
+  options.experimental_optimization.inject_prefetch = False
+  ds = (tf.data.Dataset.range(n).map(lambda i: tf.py_function(slow, [i], tf.int64)).batch(1)
+        .with_options(options))
+
+  def run(prefetch):
+    began = time.perf_counter()
+    for _ in jaxport.data.loader(ds, prefetch=prefetch):
+      time.sleep(delay)  # the training step
+    return time.perf_counter() - began
+
+  serial, overlapped = run(0), run(2)
+  assert serial > 2 * n * delay * 0.95
+  assert overlapped < 0.8 * serial, (serial, overlapped)
+
+
+def test_batches_land_on_the_default_device():
+  device = jax.devices()[0]
+  with jax.default_device(device):
+    assert default_device() == device
+  batch = next(iter(jaxport.data.loader(records(4), batch_size=2)))
+  assert all(leaf.devices() == {default_device()} for leaf in jax.tree.leaves(batch))
+
+
+def test_with_transfers_read_ahead_an_error_follows_the_batches_before_it():
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("batch",))
+  # Element 6 fails in tf.data; batches 0-2 come first, read ahead like any others.
+  ds = tf.data.Dataset.range(10).map(
+      lambda i: tf.debugging.check_numerics(1.0 / tf.cast(6 - i, tf.float32), "element 6"))
+  loader = jaxport.data.loader(ds.batch(2), sharding=(mesh, ("batch",)), prefetch=2)
+  assert loader._placer.copies and loader._feed is None
+  received = [next(loader) for _ in range(3)]
+  assert loader._feed._ahead == 2
+  with pytest.raises(tf.errors.InvalidArgumentError, match="element 6"):
+    next(loader)
+  np.testing.assert_allclose(np.concatenate(received), 1.0 / (6 - np.arange(6)))
+
+
+def test_inline_feed_keeps_order_and_the_error_traceback():
+  def items():
+    yield 1
+    yield 2
+    raise KeyError("boom")
+
+  feed = InlineFeed(items(), ahead=2)
+  assert feed.get() == 1 and feed.depth() == 1
+  assert feed.get() == 2
+  with pytest.raises(KeyError, match="boom") as raised:
+    feed.get()
+  assert raised.traceback[-1].name == "items"
 
 
 # Resume ----------------------------------------------------------------------------------------

@@ -283,3 +283,44 @@ def test_scalars_and_empty_arrays(source, target, shape):
   assert S.same_values(S.to_host(y), expected)
   if shape == ():  # a 0-d array has a buffer (unlike a scalar); empty arrays share no bytes
     assert interop.shares_memory(x, y) == interop.explain(x, target).zero_copy
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16, tf.uint8, tf.bool, tf.int64,
+                                   tf.complex64])
+def test_repeated_tf_conversions_reuse_one_plan_and_stay_exact(dtype):
+  # The plan of an eager tensor depends on its dtype and device only, so it is made once; every
+  # later tensor must still convert exactly, whatever its shape.
+  for shape in [(6,), (2, 3), (0, 4), ()]:
+    x = tf.cast(tf.reshape(tf.range(int(np.prod(shape))), shape), dtype)
+    y = interop.to_jax(x)
+    expected = x.numpy()
+    if expected.dtype == np.int64:
+      expected = expected.astype(np.int32)  # jax_enable_x64 is off
+    assert y.shape == shape and y.dtype == expected.dtype
+    np.testing.assert_array_equal(np.asarray(y), expected)
+    if expected.dtype == x.numpy().dtype and x.shape.num_elements():
+      assert interop.shares_memory(x, y)
+
+
+def test_reused_tf_plans_follow_the_x64_flag():
+  assert interop.to_jax(tf.constant([1, 2], tf.int64)).dtype == jnp.int32
+  with jax.enable_x64(True):
+    assert interop.to_jax(tf.constant([1, 2], tf.int64)).dtype == jnp.int64
+  assert interop.to_jax(tf.constant([1, 2], tf.int64)).dtype == jnp.int32
+
+
+def test_copy_false_is_planned_per_tensor():
+  x = tf.constant(np.arange(64, dtype=np.float32))
+  interop.to_jax(x)  # a reusable plan for float32 tensors exists now
+  y = interop.to_jax(x, copy=False)
+  assert interop.shares_memory(x, y)
+
+
+def test_jax_leaf_converter_matches_to_jax():
+  from jaxport.interop.convert import jax_leaf_converter
+  device = jax.devices("cpu")[0]
+  convert = jax_leaf_converter(device)
+  for leaf in (np.arange(16, dtype=np.float32), tf.range(5), torch.arange(3), jnp.ones(2)):
+    y = convert(leaf)
+    assert isinstance(y, jax.Array) and y.devices() == {device}
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(interop.to_numpy(leaf)))

@@ -30,8 +30,11 @@ def flatten(tree: Any, *, batched: bool) -> Flat:
     raise ValueError(f"jaxport.data: the source yielded an element without array leaves: {tree!r}")
   paths = _paths(treedef, tree)
   leaves = [check_leaf(path, leaf) for path, leaf in zip(paths, leaves)]
-  if not batched:
-    return Flat(treedef, paths, leaves, None)
+  return Flat(treedef, paths, leaves, batch_rows(paths, leaves) if batched else None)
+
+
+def batch_rows(paths: tuple[tuple, ...], leaves: list[Any]) -> int:
+  """The leading (batch) dimension that every leaf of a batch shares."""
   sizes = [leading_dim(leaf) for leaf in leaves]
   for path, size in zip(paths, sizes):
     if size is None:
@@ -42,7 +45,7 @@ def flatten(tree: Any, *, batched: bool) -> Flat:
       raise ValueError(f"jaxport.data: leaf {path_str(path)} has {size} rows but "
                        f"{path_str(paths[0])} has {sizes[0]}; all leaves of a batch must share "
                        "the leading (batch) dimension.")
-  return Flat(treedef, paths, leaves, sizes[0])
+  return sizes[0]
 
 
 _known_paths: dict[Any, tuple[tuple, ...]] = {}

@@ -73,7 +73,7 @@ def check_leaf(path: tuple, leaf: Any) -> Any:
       raise _unsupported(path, what, _RAGGED_HINT if leaf.dtype.kind == "O" else _STRING_HINT)
     return leaf
   if kind == "tf":
-    problem = _tf_dtype_problem(leaf.dtype)
+    problem = tf_dtype_problem(leaf.dtype)
     if problem:
       raise _unsupported(path, *problem)
     return leaf
@@ -125,7 +125,7 @@ def _kind(cls: type) -> str:
 
 
 @functools.cache
-def _tf_dtype_problem(dtype: Any) -> tuple[str, str] | None:
+def tf_dtype_problem(dtype: Any) -> tuple[str, str] | None:
   """(what, hint) when JAX cannot hold tensors of this tf.DType."""
   tf = sys.modules["tensorflow"]
   if dtype == tf.string:

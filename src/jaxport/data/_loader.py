@@ -118,14 +118,17 @@ class Loader:
     return int(self._steps)
 
   def _open_feed(self) -> ThreadFeed | InlineFeed:
+    threaded = self._prefetch > 0 and not self._source.reads_ahead
     items = _produce(self._source, self._epoch, self._step, policy=self._last_batch,
                      layout=self._layout, steps=self._steps if self._processes > 1 else None,
-                     placer=self._placer, casts=self._casts)
+                     placer=self._placer, casts=self._casts, wait=threaded)
     if self._bar is not None:
       self._bar.start(self._epoch, self._steps, self._step)
-    if self._prefetch == 0:
-      return InlineFeed(items)
-    return ThreadFeed(items, self._prefetch, self._name)
+    if threaded:
+      return ThreadFeed(items, self._prefetch, self._name)
+    # The source prefetches in its own threads; transfers that are real copies are started
+    # `prefetch` batches ahead, and run asynchronously.
+    return InlineFeed(items, ahead=self._prefetch if self._placer.copies else 0)
 
   def _drop_feed(self) -> None:
     if self._feed is not None:
@@ -228,9 +231,11 @@ class Loader:
 
 
 def _produce(source: Source, epoch: int, start: int, *, policy: LastBatch, layout: BatchLayout,
-             steps: float | None, placer: Placer, casts: DtypePolicy) -> Iterator[tuple[int, Any, int]]:
-  """(step, device batch, host bytes) for one epoch. Runs in the prefetch thread, so it holds no
-  reference to the Loader: the loader can be collected while it runs."""
+             steps: float | None, placer: Placer, casts: DtypePolicy,
+             wait: bool) -> Iterator[tuple[int, Any, int]]:
+  """(step, device batch, host bytes) for one epoch; with `wait`, each batch is ready on device
+  when yielded. It may run in the prefetch thread, so it holds no reference to the Loader: the
+  loader can be collected while it runs."""
   for step, batch, mask in apply_last_batch(source.batches(epoch, start), policy=policy,
                                             layout=layout, steps=steps, start=start):
     arrays, moved = [], 0
@@ -241,7 +246,8 @@ def _produce(source: Source, epoch: int, start: int, *, policy: LastBatch, layou
     tree = tree_unflatten(batch.treedef, arrays)
     if mask is not None:
       tree = _with_mask(tree, placer.put((DictKey(MASK_KEY),), mask)[0])
-    jax.block_until_ready(tree)
+    if wait:
+      jax.block_until_ready(tree)
     yield step, tree, moved
 
 

@@ -1,4 +1,5 @@
 """Feeds that hand produced batches to the consumer: in a background thread, or inline."""
+import collections
 import queue
 import threading
 import weakref
@@ -10,18 +11,39 @@ _JOIN_S = 5.0
 
 
 class InlineFeed:
-  """`prefetch=0`: the consumer's `next()` runs the producer itself."""
+  """The consumer's `next()` runs the producer itself, keeping `ahead` results produced in advance.
 
-  def __init__(self, items: Iterator[Any]):
+  For sources that read ahead in their own threads (tf.data), this costs less than a Python thread:
+  no GIL handoff per batch. `ahead` > 0 lets asynchronous device transfers started for later
+  batches overlap the consumer's work. An error of the producer is raised after the results
+  produced before it, with its own traceback.
+  """
+
+  def __init__(self, items: Iterator[Any], ahead: int = 0):
     self._items = items
+    self._ahead = ahead
+    self._ready: collections.deque = collections.deque()
+    self._end: BaseException | None = None
 
   def get(self) -> Any:
-    return next(self._items)  # StopIteration and source errors propagate as they are
+    while self._end is None and len(self._ready) <= self._ahead:
+      try:
+        self._ready.append(next(self._items))
+      except StopIteration:
+        self._end = StopIteration()
+      except Exception as error:  # pylint: disable=broad-except  # raised in order, below
+        self._end = error
+    if self._ready:
+      return self._ready.popleft()
+    if isinstance(self._end, StopIteration):
+      raise StopIteration
+    raise self._end
 
   def depth(self) -> int:
-    return 0
+    return len(self._ready)
 
   def close(self) -> None:
+    self._ready.clear()
     close = getattr(self._items, "close", None)
     if close is not None:
       close()

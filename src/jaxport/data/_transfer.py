@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
-from jaxport import interop
+from jaxport.interop.convert import jax_leaf_converter
 from jaxport.data._batches import Flat
 from jaxport.data._leaves import dtype_of, host_view, path_parts, path_str
 
@@ -31,8 +31,17 @@ def resolve_sharding(sharding: Any, processes: int) -> Sharding | None:
                   f"pair, not {type(sharding).__name__}.")
 
 
+def default_device() -> jax.Device:
+  """JAX's default device (`jax_default_device`, else the default backend's first)."""
+  device = jax.config.jax_default_device
+  if isinstance(device, jax.Device):
+    return device
+  return jax.local_devices(backend=device)[0]
+
+
 class Placer:
-  """Puts leaves on devices: zero-copy onto the default device, or laid out by a sharding.
+  """Puts leaves on devices: onto the default device (zero-copy from host memory when it is the
+  CPU), or laid out by a sharding.
 
   With a sharding, each process passes only its local rows and
   `jax.make_array_from_process_local_data` assembles the global array.
@@ -40,12 +49,16 @@ class Placer:
 
   def __init__(self, sharding: Sharding | None):
     self.sharding = sharding
+    device = default_device() if sharding is None else None
+    self._to_device = jax_leaf_converter(device) if device is not None else None
+    # Whether placing a host batch copies it (to an accelerator, or laid out over devices).
+    self.copies = device is None or device.platform != "cpu"
     self._by_rank: dict[int, Sharding] = {}
 
   def put(self, path: tuple, leaf: Any) -> tuple[jax.Array, int]:
     """The leaf on device, and the bytes this process moved for it."""
     if self.sharding is None:
-      array = leaf if isinstance(leaf, jax.Array) else interop.to_jax(leaf)
+      array = self._to_device(leaf)
       return array, array.nbytes
     host = host_view(leaf)
     try:

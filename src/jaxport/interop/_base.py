@@ -127,6 +127,12 @@ class Framework:
     `exact`: also find layout and address where that costs an export."""
     raise NotImplementedError
 
+  def plan_key(self, x: Any) -> Any:
+    """A cheap hashable summary of `x` such that arrays with equal summaries describe to buffers
+    that plan alike (all of Buffer but the shape), or None where only describe() can tell, e.g.
+    where layout or address vary from array to array."""
+    return None
+
   def placed(self, x: Any, buf: Buffer, native: Any) -> bool:
     """`x` already sits on the device `native` (a target-side spec of this framework)."""
     return native is None or buf.device == self.resolve_device(native)[0]

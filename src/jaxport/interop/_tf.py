@@ -77,6 +77,10 @@ class TensorFlow(_base.Framework):
     return Buffer(self, dtype, tuple(x.shape), _base.ROW_MAJOR, address, self._dl_device(x.device),
                   True)
 
+  def plan_key(self, x: Any) -> Any:
+    # Eager tensors are always dense and row-major; alignment only matters to exact describes.
+    return (x.dtype, x.device) if type(x).__name__ == "EagerTensor" else None
+
   def placed(self, x: Any, buf: Buffer, native: Any) -> bool:
     return native is None or buf.device == _dlpack.parse_device(native)
 
