@@ -317,6 +317,56 @@ def test_prefetch_fills_the_queue_and_overlaps_with_the_step():
   assert overlapped < 0.8 * serial, (serial, overlapped)
 
 
+def producing_threads(consume_s: float, n: int = 40) -> list[str]:
+  """The thread that produced each batch when the consumer spends `consume_s` on each."""
+  names = []
+
+  def source():
+    for i in range(n):
+      names.append(threading.current_thread().name)
+      yield np.full(2, i)
+
+  for _ in jaxport.data.loader(source(), prefetch=2):
+    if consume_s:
+      time.sleep(consume_s)
+  return names
+
+
+def test_a_consumer_waiting_on_data_produces_its_batches_itself():
+  # No handoff from a thread per batch: the loop produces inline (the thread may take the first).
+  names = producing_threads(0.0)
+  inline = names.count(threading.current_thread().name)
+  assert inline >= 0.8 * len(names), names
+
+
+def test_a_working_consumer_has_its_batches_read_ahead():
+  names = producing_threads(0.005)
+  ahead = sum(name.startswith("jaxport-data-prefetch") for name in names)
+  assert ahead >= 0.8 * len(names), names
+
+
+@pytest.mark.parametrize("depth", [0, 2])
+def test_feed_keeps_order_and_raises_after_the_results_before_an_error(depth):
+  def items():
+    yield 1
+    yield 2
+    raise KeyError("boom")
+
+  feed = _prefetch.Feed(items(), depth, "jaxport-data-prefetch-test")
+  assert feed.get() == 1
+  if depth:
+    assert wait_until(lambda: feed.depth() == 1 and feed._shared.end is not None)
+  assert feed.get() == 2
+  with pytest.raises(KeyError, match="boom") as raised:
+    feed.get()
+  assert raised.traceback[-1].name == "items"
+  if depth:
+    assert "prefetch thread" in "".join(raised.value.__notes__)
+  with pytest.raises(KeyError):
+    feed.get()
+  feed.close()
+
+
 def test_stats_report_throughput_wait_and_depth():
   loader = jaxport.data.loader(examples(8), batch_size=2, prefetch=2)
   delivered = list(loader)

@@ -3,7 +3,6 @@ iterator checkpoints."""
 import collections
 import itertools
 import json
-import threading
 import time
 
 import jax
@@ -18,7 +17,6 @@ from data_support import assert_batches_equal, host, spy_on_to_jax
 import jaxport.data
 import jaxport.interop
 from jaxport.data import NotResumableError
-from jaxport.data._prefetch import InlineFeed
 from jaxport.data._sources import _ends_with_prefetch
 from jaxport.data._transfer import default_device
 
@@ -147,14 +145,9 @@ def test_a_scalar_component_of_a_tf_data_batch_is_named():
     list(jaxport.data.loader(ds))
 
 
-def test_tf_data_prefetches_in_its_own_threads():
-  before = {t for t in threading.enumerate() if t.name.startswith("jaxport-data-prefetch")}
+def test_tf_data_pipelines_get_a_prefetch_stage():
   loader = jaxport.data.loader(records(8), batch_size=2, prefetch=2)
-  next(loader)
-  after = {t for t in threading.enumerate() if t.name.startswith("jaxport-data-prefetch")}
-  assert isinstance(loader._feed, InlineFeed) and after == before  # no Python thread
   assert _ends_with_prefetch(loader._source._dataset)
-  loader.close()
 
 
 def test_a_prefetch_stage_is_added_only_where_the_pipeline_lacks_one():
@@ -201,32 +194,17 @@ def test_batches_land_on_the_default_device():
   assert all(leaf.devices() == {default_device()} for leaf in jax.tree.leaves(batch))
 
 
-def test_with_transfers_read_ahead_an_error_follows_the_batches_before_it():
+def test_sharded_tf_data_error_follows_the_batches_before_it():
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("batch",))
   # Element 6 fails in tf.data; batches 0-2 come first, read ahead like any others.
   ds = tf.data.Dataset.range(10).map(
       lambda i: tf.debugging.check_numerics(1.0 / tf.cast(6 - i, tf.float32), "element 6"))
   loader = jaxport.data.loader(ds.batch(2), sharding=(mesh, ("batch",)), prefetch=2)
-  assert loader._placer.copies and loader._feed is None
+  assert loader._placer.copies  # transfers are waited for before a batch is handed over
   received = [next(loader) for _ in range(3)]
-  assert loader._feed._ahead == 2
   with pytest.raises(tf.errors.InvalidArgumentError, match="element 6"):
     next(loader)
   np.testing.assert_allclose(np.concatenate(received), 1.0 / (6 - np.arange(6)))
-
-
-def test_inline_feed_keeps_order_and_the_error_traceback():
-  def items():
-    yield 1
-    yield 2
-    raise KeyError("boom")
-
-  feed = InlineFeed(items(), ahead=2)
-  assert feed.get() == 1 and feed.depth() == 1
-  assert feed.get() == 2
-  with pytest.raises(KeyError, match="boom") as raised:
-    feed.get()
-  assert raised.traceback[-1].name == "items"
 
 
 # Resume ----------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from jax.tree_util import DictKey, tree_unflatten
 
 from jaxport.data._batches import (LAST_BATCH_POLICIES, BatchLayout, LastBatch, apply_last_batch,
                                    steps_per_epoch)
-from jaxport.data._prefetch import InlineFeed, ThreadFeed
+from jaxport.data._prefetch import Feed
 from jaxport.data._sources import Source, make_source
 from jaxport.data._stats import LoaderStats, Meter, ProgressBar
 from jaxport.data._transfer import DtypePolicy, DtypesSpec, Placer, resolve_sharding
@@ -70,7 +70,7 @@ class Loader:
     self._meter = Meter()
     self._bar = ProgressBar() if progress else None
     self._name = f"jaxport-data-prefetch-{next(_names)}"
-    self._feed: ThreadFeed | InlineFeed | None = None
+    self._feed: Feed | None = None
     self._epoch, self._step = 0, 0
     self._exhausted = self._closed = False
     self._failure: Exception | None = None
@@ -117,18 +117,13 @@ class Loader:
                       "this source.")
     return int(self._steps)
 
-  def _open_feed(self) -> ThreadFeed | InlineFeed:
-    threaded = self._prefetch > 0 and not self._source.reads_ahead
+  def _open_feed(self) -> Feed:
     items = _produce(self._source, self._epoch, self._step, policy=self._last_batch,
                      layout=self._layout, steps=self._steps if self._processes > 1 else None,
-                     placer=self._placer, casts=self._casts, wait=threaded)
+                     placer=self._placer, casts=self._casts, wait=self._placer.copies)
     if self._bar is not None:
       self._bar.start(self._epoch, self._steps, self._step)
-    if threaded:
-      return ThreadFeed(items, self._prefetch, self._name)
-    # The source prefetches in its own threads; transfers that are real copies are started
-    # `prefetch` batches ahead, and run asynchronously.
-    return InlineFeed(items, ahead=self._prefetch if self._placer.copies else 0)
+    return Feed(items, self._prefetch, self._name)
 
   def _drop_feed(self) -> None:
     if self._feed is not None:
@@ -234,8 +229,8 @@ def _produce(source: Source, epoch: int, start: int, *, policy: LastBatch, layou
              steps: float | None, placer: Placer, casts: DtypePolicy,
              wait: bool) -> Iterator[tuple[int, Any, int]]:
   """(step, device batch, host bytes) for one epoch; with `wait`, each batch is ready on device
-  when yielded. It may run in the prefetch thread, so it holds no reference to the Loader: the
-  loader can be collected while it runs."""
+  when yielded (transfers that copy are done). It may run in the prefetch thread, so it holds no
+  reference to the Loader: the loader can be collected while it runs."""
   for step, batch, mask in apply_last_batch(source.batches(epoch, start), policy=policy,
                                             layout=layout, steps=steps, start=start):
     arrays, moved = [], 0
@@ -278,7 +273,9 @@ def loader(source: Any, *, batch_size: int | None = None, sharding: Any = None, 
       longer than a leaf's rank is cut to it). Batches become global arrays; with several
       processes each process contributes its own rows. Default: the default device with one
       process, the batch split over all devices with several.
-    prefetch: batches kept ready on device by a background thread; 0 runs inline.
+    prefetch: batches a background thread reads ahead onto devices while the consumer works
+      between batches (a consumer waiting on data reads them itself); tf.data pipelines also get
+      a tf.data prefetch stage of this size. 0: no thread.
     dtypes: casts on device: a dtype (for every floating leaf), or a dict keyed by source dtype
       or by key path ("image", "features/image").
     last_batch: "drop" the short last batch, yield it "partial", or "pad" it to full size with

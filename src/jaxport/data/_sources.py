@@ -26,7 +26,6 @@ class NotResumableError(RuntimeError):
 class Source:
   """Common interface; see the module docstring."""
   kind: str
-  reads_ahead = False  # reads ahead in its own (non-Python) threads, so needs no prefetch thread
   examples: bool  # yields single examples, which the loader batches
   loader_shards: bool  # the loader splits the source across processes (else it already is split)
 
@@ -216,9 +215,10 @@ class TorchSource(Source):
 class TFDataSource(Source):
   """A tf.data.Dataset, sharded per process with Dataset.shard and batched in tf.data.
 
-  Prefetching happens in tf.data's own threads, which need no GIL (a `prefetch` stage is appended
-  unless the pipeline ends with one); elements are read as flat tensors (`_TensorReader`). Resume uses tf.data's own iterator
-  checkpointing: the iterator of each epoch is serialized
+  tf.data also reads ahead in its own threads, which need no GIL (a `prefetch` stage is appended
+  unless the pipeline ends with one). Elements are read as flat tensors (`_TensorReader`).
+
+  Resume uses tf.data's own iterator checkpointing: the iterator of each epoch is serialized
   before its first batch (and every `checkpoint_every` batches), and a resumed loader restores the
   latest snapshot at or before its step, then replays the batches in between.
   """
@@ -254,7 +254,6 @@ class TFDataSource(Source):
     if prefetch and not prefetched:
       # A second prefetch stage would only add a thread handoff per element (~20 µs).
       dataset = dataset.prefetch(prefetch)
-    self.reads_ahead = prefetch > 0
     self._dataset = dataset
     self._reader = _TensorReader.build(tf, dataset.element_spec)
     self._static_batch = _static_batch_size(tf, dataset.element_spec)

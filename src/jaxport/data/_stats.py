@@ -11,7 +11,7 @@ class LoaderStats:
   bytes: int  # bytes this process moved to devices for them, before any dtype cast
   seconds: float  # since the consumer first asked for a batch
   wait_seconds: float  # time the consumer spent blocked in next()
-  queue_depth: int  # batches ready ahead of the consumer (tf.data: transfers started ahead)
+  queue_depth: int  # batches read ahead of the consumer, ready on device
   mean_queue_depth: float  # batches that were ready when the consumer asked, on average
   prefetch: int  # capacity of the prefetch queue
 
