@@ -17,7 +17,7 @@ Every mode hands over batches that are ready (`block_until_ready`). Timings are 
 interleaved repeats, compared as ratios within the run. Prints tables, checks the targets, and
 writes benchmarks/out/data_bench.png and .json.
 
-  python benchmarks/data_bench.py [--batches 200] [--steps 50] [--repeats 5]
+  python benchmarks/data_bench.py [--seconds 0.4] [--steps 50] [--repeats 7]
 """
 from __future__ import annotations
 
@@ -106,6 +106,14 @@ def run(mode: str, make, batches: int, step_s: float) -> tuple[float, float, flo
   return 1e3 * (first - began), 1e3 * (end - first) / (batches - 1), waited
 
 
+def batches_for(make, seconds: float) -> int:
+  """Batches per throughput pass so that raw iteration lasts about `seconds`: short passes are
+  dominated by timer and scheduling noise."""
+  run("raw", make, 20, 0.0)
+  per_batch_ms = run("raw", make, 50, 0.0)[1]
+  return max(100, int(1e3 * seconds / per_batch_ms))
+
+
 def step_alone(steps: int, step_s: float, repeats: int) -> float:
   """Median ms of the simulated step by itself."""
   samples = []
@@ -134,7 +142,8 @@ def measure(make, batches: int, step_s: float, repeats: int) -> dict:
 
 def main() -> None:
   parser = argparse.ArgumentParser()
-  parser.add_argument("--batches", type=int, default=200, help="batches per throughput pass")
+  parser.add_argument("--seconds", type=float, default=0.4,
+                      help="length of a throughput pass of raw iteration (sets its batch count)")
   parser.add_argument("--steps", type=int, default=50, help="steps per pass with the training step")
   parser.add_argument("--repeats", type=int, default=7)
   parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "out"))
@@ -143,12 +152,12 @@ def main() -> None:
   from rich.console import Console
   from rich.table import Table
 
-  console = Console(width=140)
+  console = Console(width=180)
   step_ms = step_alone(args.steps, STEP_S, args.repeats)
   results = []
   for name, (make, mib) in workloads().items():
     with console.status(f"{name}: timing raw / naive / jaxport ..."):
-      alone = measure(make, args.batches, 0.0, args.repeats)
+      alone = measure(make, batches_for(make, args.seconds), 0.0, args.repeats)
       stepped = measure(make, args.steps, STEP_S, args.repeats)
     per_batch, per_step = alone["ms"], stepped["ms"]
     data = per_batch["raw"]

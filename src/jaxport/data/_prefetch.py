@@ -115,7 +115,9 @@ def _read_ahead(shared: _Shared) -> None:
       if not shared.wake.wait(_POLL_S):
         continue
       shared.wake.clear()
-      while shared.wanted():
+      # Fill the room there is now; a consumer that drains the batches faster than this thread
+      # reads them is waiting on data, and reads them itself.
+      for _ in range(shared.depth - len(shared.ready)):
         with shared.lock:
           if not shared.wanted():
             break
