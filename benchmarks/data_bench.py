@@ -226,10 +226,12 @@ def plot(results: list[dict], path: pathlib.Path) -> None:
   for ax, (key, title) in zip(axes, panels):
     for offset, mode in enumerate(MODES):
       bars = ax.bar(x + (offset - 1) * width, [r[key][mode] for r in results], width, label=mode)
-      ax.bar_label(bars, fmt="%.1f", fontsize=8)
+      ax.bar_label(bars, fmt="%.2f", fontsize=8)
     if key == "ms_per_step":
       ax.hlines([r["ideal_ms"] for r in results], x - 1.5 * width, x + 1.5 * width,
                 colors="black", linestyles="dashed", label="max(step, data)")
+      lowest = min(min(r[key].values()) for r in results)
+      ax.set_ylim(0.95 * min(lowest, min(r["ideal_ms"] for r in results)), None)
     ax.set_xticks(x, names, fontsize=8)
     ax.set_title(title)
     ax.legend(fontsize=8)
