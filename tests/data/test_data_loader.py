@@ -367,6 +367,21 @@ def test_feed_keeps_order_and_raises_after_the_results_before_an_error(depth):
   feed.close()
 
 
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_an_interrupted_source_is_not_mistaken_for_its_end(prefetch):
+  def source():
+    yield np.zeros(1)
+    raise KeyboardInterrupt
+
+  loader = jaxport.data.loader(source(), prefetch=prefetch)
+  next(loader)
+  with pytest.raises(KeyboardInterrupt):
+    next(loader)
+  with pytest.raises(RuntimeError, match="interrupted") as raised:
+    next(loader)
+  assert isinstance(raised.value.__cause__, KeyboardInterrupt)
+
+
 def test_stats_report_throughput_wait_and_depth():
   loader = jaxport.data.loader(examples(8), batch_size=2, prefetch=2)
   delivered = list(loader)

@@ -39,7 +39,9 @@ class _Shared:
       self.ready.append(next(self.items))
     except StopIteration:
       self.end = StopIteration()
-    except Exception as error:  # pylint: disable=broad-except  # raised by the consumer, in order
+    except BaseException as error:  # pylint: disable=broad-except  # raised by get(), in order
+      # Kept even for a KeyboardInterrupt: the producer cannot go on after it, and a later get()
+      # must not mistake its end for the end of the data.
       if note:
         error.add_note(note)
       self.end = error
@@ -70,6 +72,7 @@ class Feed:
   def __init__(self, items: Iterator[Any], depth: int, name: str):
     self._shared = shared = _Shared(items, depth)
     self._left: float | None = None  # when the consumer last left get()
+    self._interrupted = False  # the producer ended with a KeyboardInterrupt, already raised
     self._thread = None
     if depth > 0:
       self._thread = threading.Thread(target=_read_ahead, args=(shared,), name=name, daemon=True)
@@ -94,6 +97,11 @@ class Feed:
         return shared.ready.popleft()
       if isinstance(shared.end, StopIteration):
         raise StopIteration
+      if self._interrupted:
+        raise RuntimeError("jaxport.data: reading a batch was interrupted (see the cause); the "
+                           "source cannot go on, restore() a saved state to continue.") \
+            from shared.end
+      self._interrupted = not isinstance(shared.end, Exception)
       raise shared.end
     finally:
       self._left = time.perf_counter()

@@ -12,7 +12,6 @@ import threading
 from typing import Any, Iterable, Iterator
 
 import numpy as np
-
 from jax.tree_util import tree_flatten_with_path
 
 from jaxport.data._batches import Flat, batch_examples, batch_rows, flatten
@@ -255,8 +254,8 @@ class TFDataSource(Source):
       # A second prefetch stage would only add a thread handoff per element (~20 µs).
       dataset = dataset.prefetch(prefetch)
     self._dataset = dataset
-    self._reader = _TensorReader.build(tf, dataset.element_spec)
     self._static_batch = _static_batch_size(tf, dataset.element_spec)
+    self._reader = _TensorReader.build(tf, dataset.element_spec, self._static_batch)
     if checkpoint_every is not None and checkpoint_every < 1:
       raise ValueError(f"jaxport.data: checkpoint_every must be a positive number of batches, not "
                        f"{checkpoint_every}.")
@@ -409,7 +408,8 @@ class _TensorReader:
                     for spec in specs]
 
   @classmethod
-  def build(cls, tf: Any, element_spec: Any) -> "_TensorReader | None":
+  def build(cls, tf: Any, element_spec: Any, rows: int | None) -> "_TensorReader | None":
+    """`rows`: the static batch size every component shares, if any."""
     specs = tf.nest.flatten(element_spec)
     if not specs or any(type(spec) is not tf.TensorSpec or not spec.shape.rank
                         or tf_dtype_problem(spec.dtype) for spec in specs):
@@ -420,12 +420,11 @@ class _TensorReader:
     order = [index for _, index in keyed]
     if any(type(index) is not int for index in order) or sorted(order) != list(range(len(specs))):
       return None  # a structure JAX does not flatten like tf.nest (e.g. attrs classes)
-    rows = _static_batch_size(tf, element_spec)
     return cls(tf, treedef, tuple(path for path, _ in keyed), order, specs, rows)
 
   def bind(self, iterator: Any) -> Any:
-    """A function returning the iterator's next batch, or None at its end; None when the
-    iterator's resource handle is not reachable (then `next()` is used)."""
+    """A function returning the iterator's next batch, or None at its end (through `next()`
+    where the iterator's resource handle is not reachable)."""
     resource = getattr(iterator, "_iterator_resource", None)
     if resource is None:
       return _read_with_next(iterator)
