@@ -399,7 +399,11 @@ class _TensorReader:
 
   def __init__(self, tf: Any, treedef: Any, paths: tuple, order: list[int], specs: list[Any],
                rows: int | None):
-    self._get_next = tf.raw_ops.IteratorGetNext
+    try:  # the generated op wrapper, without tf.raw_ops' keyword-checking layer around it
+      from tensorflow.python.ops.gen_dataset_ops import iterator_get_next  # pylint: disable=import-outside-toplevel
+      self._get_next = iterator_get_next
+    except ImportError:
+      self._get_next = tf.raw_ops.IteratorGetNext
     self._end = tf.errors.OutOfRangeError
     self._treedef, self._paths, self._order, self._rows = treedef, paths, order, rows
     self._types = [spec.dtype for spec in specs]
