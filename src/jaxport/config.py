@@ -11,6 +11,10 @@ _DEFAULTS: dict[str, Any] = {
     "raise_on_prevent_gradient": True,
     "infer_cumulative_reduction_from_jax2tf": True,
     "xlacallmodule_strict_checks": True,
+    # Conversion tiers (see jaxport.convert.tiers).
+    "allow_xla_lowering": True,
+    "allow_host_callback": True,
+    "force_tier": None,
 }
 _config: dict[str, Any] = dict(_DEFAULTS)
 

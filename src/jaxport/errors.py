@@ -59,3 +59,28 @@ class DeviceMismatchError(JaxportError, ValueError):
 
 class ShardedArrayError(JaxportError, ValueError):
   """A single array was asked for, but the jax.Array is split across several devices."""
+
+
+class StableHLOError(JaxportError, ValueError):
+  """A StableHLO module cannot be read or interpreted; the message names the op and module."""
+
+
+class TierError(UnsupportedOperationsError):
+  """One node cannot run in the tier chosen for it (TF's XLA lowering or a host callback).
+
+  `.op`, `.node`, `.tier` and `.reason` say which and why; `.ops` is as in the parent class.
+  """
+
+  def __init__(self, op: str, node: str, tier: str, reason: str, fix: str = ""):
+    super().__init__({op: [node]})
+    self.op, self.node, self.tier, self.reason = op, node, tier, reason
+    self.args = (f"{op} node {node!r} cannot be converted through the {tier} tier: {reason}"
+                 + (f" {fix}" if fix else ""),)
+
+
+class StringTensorError(JaxportError, TypeError):
+  """A string tensor would cross into JAX (a function input or output, or a native rule's input)."""
+
+
+class ShapeAssertionError(JaxportError, ValueError):
+  """Inputs break a shape constraint recorded in a shape-polymorphic export."""

@@ -12,7 +12,8 @@ from jaxport import config as _config
 from jaxport.convert import custom_gradient
 from jaxport.convert.graph import FuncAttr, GraphFunction, Library, decode_nodes
 from jaxport.convert.interpreter import Runtime, VariableRef, run_function
-from jaxport.convert.registry import supported_ops
+from jaxport.convert.registry import Tier, ops_where
+from jaxport.convert.tiers import GRAPH_INPUT_OPS, op_tier
 from jaxport.errors import (DtypeMismatchError, MissingInputError, ShapeMismatchError,
                             SignatureError, UnsupportedOperationsError)
 
@@ -226,10 +227,10 @@ def _op_uses(graph: GraphFunction, library: Library) -> dict[str, list[str]]:
   return uses
 
 
-def _unsupported(uses: dict[str, list[str]], library: Library) -> dict[str, list[str]]:
-  """The op types of `uses` without a rule."""
-  known = supported_ops() | {"Placeholder", "_Arg"}
-  return {op: nodes for op, nodes in uses.items() if op not in known and op not in library}
+def _unsupported(uses: dict[str, list[str]], library: Library, config) -> dict[str, list[str]]:
+  """The op types of `uses` that no tier can convert."""
+  return {op: nodes for op, nodes in uses.items()
+          if op not in GRAPH_INPUT_OPS and op not in library and op_tier(op, config) == Tier.UNSUPPORTED}
 
 
 class _ParamCollector:
@@ -286,7 +287,7 @@ def _decode_graph(cf):
 def unsupported_in_concrete(cf) -> dict[str, list[str]]:
   """Unsupported op types of a concrete function, with the nodes that use them."""
   graph, library, _ = _decode_graph(cf)
-  return _unsupported(_op_uses(graph, library), library)
+  return _unsupported(_op_uses(graph, library), library, _config.snapshot())
 
 
 def _from_concrete(cf, keras_paths: dict[int, str], input_structure, static_leaves) -> tuple[ConvertedFunction, dict]:
@@ -312,9 +313,8 @@ def _from_concrete(cf, keras_paths: dict[int, str], input_structure, static_leav
                       if conf["convert_custom_gradient"] else {})
   params, tf_variables = collector.params, collector.tf_variables
 
-  from jaxport.convert.ops.random import RNG_OPS   # loads the op rules on first use
   uses = _op_uses(graph, library)
-  missing = _unsupported(uses, library)
+  missing = _unsupported(uses, library, conf)
   if missing:
     raise UnsupportedOperationsError(missing)
 
@@ -328,7 +328,7 @@ def _from_concrete(cf, keras_paths: dict[int, str], input_structure, static_leav
       graph, library, input_specs=specs, static_leaves=static_leaves, input_structure=input_structure,
       captures=captures, output_structure=tree.map_structure(lambda _: 0, cf.structured_outputs),
       output_leaves=output_leaves,
-      param_keys=list(params), config=conf, requires_rng=bool(RNG_OPS.intersection(uses)),
+      param_keys=list(params), config=conf, requires_rng=bool(ops_where(needs_rng=True).intersection(uses)),
       name=_text(getattr(cf, "name", "converted")), custom_gradients=custom_gradients)
   jax_fn.params = params
   jax_fn.tf_variables = tf_variables   # the TF variable behind each params key
@@ -403,5 +403,6 @@ def convert_functional_from_restored(restored_fn) -> Callable:
 
 
 def get_unsupported_operations(op_names) -> set[str]:
-  """The op names in `op_names` that jaxport cannot convert."""
-  return set(op_names) - supported_ops()
+  """The op names in `op_names` that no conversion tier can take (with the current config)."""
+  conf = _config.snapshot()
+  return {op for op in op_names if op not in GRAPH_INPUT_OPS and op_tier(op, conf) == Tier.UNSUPPORTED}

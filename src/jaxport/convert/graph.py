@@ -30,6 +30,10 @@ class Node:
   inputs: list[tuple[str, int]]   # (producer node, output index)
   control_inputs: list[str]
   attrs: dict[str, Any]
+  node_def: bytes = b""   # the serialized NodeDef, for tiers that hand the node back to TF
+
+  def __hash__(self):
+    return id(self)
 
 
 @dataclasses.dataclass
@@ -175,7 +179,8 @@ def decode_nodes(node_defs) -> dict[str, Node]:
         attrs[key] = decode_attr(val)
       except TypeError as e:
         attrs[key] = e  # decoded lazily: only an op rule that reads it fails
-    nodes[nd.name] = Node(nd.name, nd.op, inputs, controls, attrs)
+    raw = b"" if nd.op == "Const" else nd.SerializeToString()
+    nodes[nd.name] = Node(nd.name, nd.op, inputs, controls, attrs, raw)
   return nodes
 
 
@@ -202,8 +207,8 @@ class Library:
 
 
 def _decode_function(fdef) -> GraphFunction:
-  from tensorflow.python.framework import function_def_to_graph
-  graph_def, flat_names = function_def_to_graph.function_def_to_graph_def(fdef)
+  from jaxport.convert import _tf_compat
+  graph_def, flat_names = _tf_compat.function_def_to_graph_def(fdef)
   nodes = decode_nodes(graph_def.node)
   inputs = [arg.name for arg in fdef.signature.input_arg]
   outputs = []

@@ -8,7 +8,7 @@ from typing import Any
 import jax
 
 from jaxport.convert.graph import GraphFunction, Library, Node
-from jaxport.convert.registry import get_rule
+from jaxport.convert.tiers import node_rule
 from jaxport.errors import MissingInputError
 
 
@@ -106,9 +106,10 @@ def run_function(fn: GraphFunction, args: list, runtime: Runtime) -> list:
       continue
     node = fn.nodes[name]
     inputs = [env[src][idx] for src, idx in node.inputs]
-    rule = get_rule(node.op)
-    if rule is None and node.op in runtime.library:   # a node whose op is a library function
+    if node.op in runtime.library:   # a node whose op is a library function
       rule = _call_library_op
+    else:
+      rule = node_rule(node.op, runtime.config)
     if rule is None:
       from jaxport.errors import UnsupportedOperationsError
       raise UnsupportedOperationsError({node.op: [node.name]})

@@ -3,30 +3,82 @@
 A rule is called as `rule(ctx, *inputs)` where `ctx` is an `OpContext` (node
 attributes, name, runtime) and `inputs` are the node's data inputs. It returns a
 single value or a tuple/list with one entry per node output.
+
+Everything the engine needs to know about an op is recorded on its `OpRule`:
+whether it needs the caller's rng, writes variables, is stateful, and which tier
+serves it. Every op list in the code is derived from here (`ops_where`).
 """
 from __future__ import annotations
 
-from typing import Callable
+import dataclasses
+import enum
+from typing import Callable, Mapping
 
-_RULES: dict[str, Callable] = {}
+
+class Tier(str, enum.Enum):
+  """How a TF op is converted, in resolution order."""
+  NATIVE = "native"          # a rule in jax.numpy / lax
+  STABLEHLO = "stablehlo"    # TF's own XLA lowering (or an XlaCallModule), interpreted into lax
+  CALLBACK = "callback"      # TF eager through jax.pure_callback, the last resort
+  UNSUPPORTED = "unsupported"
 
 
-def register(*op_types: str):
+@dataclasses.dataclass(frozen=True)
+class OpRule:
+  """What the registry knows about one op type."""
+  op_type: str
+  fn: Callable
+  needs_rng: bool = False        # draws from the caller's `rng` (stateful random ops)
+  writes_state: bool = False     # assigns variables (threaded through loop carries)
+  stateful: bool = False         # has effects beyond its outputs (asserts, prints, state)
+  structural: bool = False       # works on graph structure (functions, resources, lists, gradients)
+  tier: Tier = Tier.NATIVE
+
+  def __call__(self, ctx, *inputs):
+    return self.fn(ctx, *inputs)
+
+
+_RULES: dict[str, OpRule] = {}
+
+
+def register(*op_types: str, needs_rng: bool = False, writes_state: bool = False,
+             stateful: bool = False, structural: bool = False, tier: Tier = Tier.NATIVE):
+  """Registers the decorated `fn(ctx, *inputs)` for each of `op_types` (literal op names)."""
   def decorator(fn: Callable) -> Callable:
     for op in op_types:
       if op in _RULES:
-        raise ValueError(f"op {op!r} already has a rule: {_RULES[op].__module__}.{_RULES[op].__name__}")
-      _RULES[op] = fn
+        old = _RULES[op].fn
+        raise ValueError(f"op {op!r} already has a rule: {old.__module__}.{old.__qualname__}")
+      _RULES[op] = OpRule(op, fn, needs_rng=needs_rng, writes_state=writes_state,
+                          stateful=stateful or writes_state or needs_rng, structural=structural,
+                          tier=tier)
     return fn
   return decorator
 
 
-def get_rule(op_type: str) -> Callable | None:
+def get_rule(op_type: str) -> OpRule | None:
   _load_rules()
   return _RULES.get(op_type)
 
 
+def rules() -> Mapping[str, OpRule]:
+  """Every registered rule by op type (read-only view)."""
+  _load_rules()
+  return dict(_RULES)
+
+
+def ops_where(**properties) -> frozenset[str]:
+  """The op types whose rule has all the given properties, e.g. `ops_where(needs_rng=True)`."""
+  _load_rules()
+  for key in properties:
+    if key not in OpRule.__dataclass_fields__ or key in ("op_type", "fn"):
+      raise TypeError(f"unknown op property {key!r}")
+  return frozenset(op for op, rule in _RULES.items()
+                   if all(getattr(rule, k) == v for k, v in properties.items()))
+
+
 def supported_ops() -> frozenset[str]:
+  """Op types with a registered rule (native, or interpreted such as XlaCallModule)."""
   _load_rules()
   return frozenset(_RULES)
 
@@ -37,5 +89,5 @@ _loaded = False
 def _load_rules() -> None:
   global _loaded
   if not _loaded:
-    from jaxport.convert import ops  # noqa: F401  (registers every family)
     _loaded = True
+    from jaxport.convert import ops  # noqa: F401  (registers every family)

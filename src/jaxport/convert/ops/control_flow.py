@@ -17,13 +17,12 @@ from jaxport.convert.graph import FuncAttr, GraphFunction
 from jaxport.convert.interpreter import Runtime, VariableRef, run_function
 from jaxport.convert.ops._util import is_concrete
 from jaxport.convert.ops.tensor_list import TensorList
-from jaxport.convert.registry import register
+from jaxport.convert.registry import ops_where, register
 
-ASSIGN_OPS = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
 MAX_STATIC_TRIPS = 1_000_000
 
 
-@register("PartitionedCall", "StatefulPartitionedCall")
+@register("PartitionedCall", "StatefulPartitionedCall", structural=True)
 def partitioned_call(ctx, *args):
   return ctx.runtime.call(ctx.attr("f").name, args)
 
@@ -42,7 +41,7 @@ def _writes_state(runtime: Runtime, fn_name: str) -> bool:
                 if isinstance(v, FuncAttr)]
       if node.op in library:
         called.append(node.op)
-      if node.op in ASSIGN_OPS or any(_writes_state(runtime, name) for name in called):
+      if node.op in ops_where(writes_state=True) or any(_writes_state(runtime, name) for name in called):
         memo[fn_name] = True
         break
   return memo[fn_name]
@@ -142,7 +141,7 @@ def materialize_lists(step, carry):
 # --------------------------------------------------------------------------- While
 
 
-@register("While", "StatelessWhile")
+@register("While", "StatelessWhile", structural=True)
 def while_loop(ctx, *loop_vars):
   runtime = ctx.runtime
   cond_fn = runtime.library[ctx.attr("cond").name]
@@ -228,7 +227,7 @@ def _branch_call(runtime: Runtime, fn_names: list[str], index, args, out_dtypes)
   return outs
 
 
-@register("If", "StatelessIf")
+@register("If", "StatelessIf", structural=True)
 def if_(ctx, pred, *args):
   names = [ctx.attr("else_branch").name, ctx.attr("then_branch").name]
   if is_concrete(pred):
@@ -240,7 +239,7 @@ def if_(ctx, pred, *args):
   return _branch_call(ctx.runtime, names, index, args, ctx.attr("Tout", []))
 
 
-@register("Case", "StatelessCase")
+@register("Case", "StatelessCase", structural=True)
 def case(ctx, branch_index, *args):
   names = [f.name for f in ctx.attr("branches")]
   n = len(names)

@@ -9,7 +9,7 @@ from jaxport.convert import custom_gradient
 from jaxport.convert.registry import register
 
 
-@register("Const")
+@register("Const", structural=True)
 def const(ctx):
   value = ctx.attr("value")
   if value.dtype == np.float32 and ctx.config["force_const_float32_to_bfloat16"]:
@@ -19,12 +19,12 @@ def const(ctx):
   return value
 
 
-@register("Identity", "Snapshot", "EnsureShape", "CheckNumerics")
+@register("Identity", "Snapshot", "EnsureShape", "CheckNumerics", structural=True)
 def identity(ctx, x, *_):
   return x
 
 
-@register("IdentityN")
+@register("IdentityN", structural=True)
 def identity_n(ctx, *xs):
   custom = ctx.runtime.custom_gradients.get(id(ctx.node))
   if custom is not None:   # a @tf.custom_gradient boundary (see convert/custom_gradient.py)
@@ -32,22 +32,22 @@ def identity_n(ctx, *xs):
   return list(xs)
 
 
-@register("NoOp")
+@register("NoOp", structural=True)
 def no_op(ctx, *_):
   return ()
 
 
-@register("PlaceholderWithDefault")
+@register("PlaceholderWithDefault", structural=True)
 def placeholder_with_default(ctx, default):
   return default
 
 
-@register("StopGradient")
+@register("StopGradient", structural=True)
 def stop_gradient(ctx, x):
   return jax.lax.stop_gradient(x)
 
 
-@register("PreventGradient")
+@register("PreventGradient", structural=True)
 def prevent_gradient(ctx, x):
   message = ctx.attr("message", "") or f"gradient of {ctx.name!r} is not allowed"
   if not ctx.config["raise_on_prevent_gradient"]:

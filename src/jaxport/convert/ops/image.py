@@ -84,20 +84,20 @@ def _nearest(images, spec: _Resize):
   return out
 
 
-def _register_resize(op: str, resample) -> None:
-  """`Resize{op}` and the `Resize{op}Grad` TF emits for it, both from one resampling function."""
-  register(f"Resize{op}")(lambda ctx, images, size: resample(images, _Resize.forward(ctx, images, size)))
+def _register_resize(op: str, grad_op: str, resample) -> None:
+  """A resize op and the gradient op TF emits for it, both from one resampling function."""
+  register(op)(lambda ctx, images, size: resample(images, _Resize.forward(ctx, images, size)))
 
-  @register(f"Resize{op}Grad")
+  @register(grad_op)
   def grad(ctx, grads, original):
-    if op == "NearestNeighbor":   # its second input is the original size, not the image
+    if op == "ResizeNearestNeighbor":   # its second input is the original size, not the image
       shape, dtype = (grads.shape[0], *static_ints(original, "size"), grads.shape[3]), grads.dtype
     else:
       shape, dtype = original.shape, original.dtype
     return _Resize.backward(ctx, grads, shape).transpose(resample, grads, dtype)
 
 
-_register_resize("NearestNeighbor", _nearest)
+_register_resize("ResizeNearestNeighbor", "ResizeNearestNeighborGrad", _nearest)
 
 
 # --------------------------------------------------------------------------- bilinear
@@ -121,7 +121,7 @@ def _bilinear(images, spec: _Resize):
   return out
 
 
-_register_resize("Bilinear", _bilinear)
+_register_resize("ResizeBilinear", "ResizeBilinearGrad", _bilinear)
 
 
 # --------------------------------------------------------------------------- bicubic
@@ -167,7 +167,7 @@ def _bicubic(images, spec: _Resize):
   return out
 
 
-_register_resize("Bicubic", _bicubic)
+_register_resize("ResizeBicubic", "ResizeBicubicGrad", _bicubic)
 
 
 # --------------------------------------------------------------------------- area

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxport.convert.ops._util import is_concrete, static_ints
-from jaxport.convert.registry import _RULES, register
+from jaxport.convert.registry import register
 
 _ALG_PHILOX = np.int32(1)   # what TF reports on CPU; the algorithm actually used is rng's
 _ZERO_COUNTER = np.zeros(2, np.uint64)
@@ -123,42 +123,42 @@ def _poisson(key, shape, rate, dtype):
 # --------------------------------------------------------------------------- stateful ops
 
 
-@register("RandomUniform")
+@register("RandomUniform", needs_rng=True)
 def random_uniform(ctx, shape):
   return _uniform(_node_key(ctx), _shape(shape), ctx.attr("dtype"))
 
 
-@register("RandomStandardNormal")
+@register("RandomStandardNormal", needs_rng=True)
 def random_standard_normal(ctx, shape):
   return _normal(_node_key(ctx), _shape(shape), ctx.attr("dtype"))
 
 
-@register("TruncatedNormal")
+@register("TruncatedNormal", needs_rng=True)
 def truncated_normal(ctx, shape):
   return _truncated_normal(_node_key(ctx), _shape(shape), ctx.attr("dtype"))
 
 
-@register("RandomUniformInt")
+@register("RandomUniformInt", needs_rng=True)
 def random_uniform_int(ctx, shape, minval, maxval):
   return _uniform_int(_node_key(ctx), _shape(shape), ctx.attr("Tout"), minval, maxval)
 
 
-@register("RandomShuffle")
+@register("RandomShuffle", needs_rng=True)
 def random_shuffle(ctx, value):
   return jax.random.permutation(_node_key(ctx), jnp.asarray(value), axis=0, independent=False)
 
 
-@register("Multinomial")
+@register("Multinomial", needs_rng=True)
 def multinomial(ctx, logits, num_samples):
   return _categorical(_node_key(ctx), logits, static_ints(num_samples)[0], ctx.attr("output_dtype", np.int64))
 
 
-@register("RandomGamma")
+@register("RandomGamma", needs_rng=True)
 def random_gamma(ctx, shape, alpha):
   return _gamma(_node_key(ctx), _shape(shape), alpha, ctx.attr("T"))
 
 
-@register("RandomPoisson", "RandomPoissonV2")
+@register("RandomPoisson", "RandomPoissonV2", needs_rng=True)
 def random_poisson(ctx, shape, rate):
   return _poisson(_node_key(ctx), _shape(shape), rate, ctx.attr("dtype"))
 
@@ -166,85 +166,81 @@ def random_poisson(ctx, shape, rate):
 # --------------------------------------------------------------------------- stateless ops
 
 
-@register("StatelessRandomUniform")
+@register("StatelessRandomUniform", needs_rng=True)
 def stateless_uniform(ctx, shape, seed):
   return _uniform(_seeded_key(ctx, seed), _shape(shape), ctx.attr("dtype"))
 
 
-@register("StatelessRandomNormal")
+@register("StatelessRandomNormal", needs_rng=True)
 def stateless_normal(ctx, shape, seed):
   return _normal(_seeded_key(ctx, seed), _shape(shape), ctx.attr("dtype"))
 
 
-@register("StatelessTruncatedNormal")
+@register("StatelessTruncatedNormal", needs_rng=True)
 def stateless_truncated_normal(ctx, shape, seed):
   return _truncated_normal(_seeded_key(ctx, seed), _shape(shape), ctx.attr("dtype"))
 
 
-@register("StatelessRandomUniformInt")
+@register("StatelessRandomUniformInt", needs_rng=True)
 def stateless_uniform_int(ctx, shape, seed, minval, maxval):
   return _uniform_int(_seeded_key(ctx, seed), _shape(shape), ctx.attr("dtype"), minval, maxval)
 
 
-@register("StatelessRandomUniformFullInt")
+@register("StatelessRandomUniformFullInt", needs_rng=True)
 def stateless_uniform_full_int(ctx, shape, seed):
   return _uniform_full_int(_seeded_key(ctx, seed), _shape(shape), ctx.attr("dtype"))
 
 
-@register("StatelessRandomUniformV2")
+@register("StatelessRandomUniformV2", needs_rng=True)
 def stateless_uniform_v2(ctx, shape, key, counter, alg):
   return _uniform(_seeded_key(ctx, key, counter), _shape(shape), ctx.attr("dtype"))
 
 
-@register("StatelessRandomNormalV2")
+@register("StatelessRandomNormalV2", needs_rng=True)
 def stateless_normal_v2(ctx, shape, key, counter, alg):
   return _normal(_seeded_key(ctx, key, counter), _shape(shape), ctx.attr("dtype"))
 
 
-@register("StatelessTruncatedNormalV2")
+@register("StatelessTruncatedNormalV2", needs_rng=True)
 def stateless_truncated_normal_v2(ctx, shape, key, counter, alg):
   return _truncated_normal(_seeded_key(ctx, key, counter), _shape(shape), ctx.attr("dtype"))
 
 
-@register("StatelessRandomUniformIntV2")
+@register("StatelessRandomUniformIntV2", needs_rng=True)
 def stateless_uniform_int_v2(ctx, shape, key, counter, alg, minval, maxval):
   return _uniform_int(_seeded_key(ctx, key, counter), _shape(shape), ctx.attr("dtype"), minval, maxval)
 
 
-@register("StatelessRandomUniformFullIntV2")
+@register("StatelessRandomUniformFullIntV2", needs_rng=True)
 def stateless_uniform_full_int_v2(ctx, shape, key, counter, alg):
   return _uniform_full_int(_seeded_key(ctx, key, counter), _shape(shape), ctx.attr("dtype"))
 
 
-@register("StatelessMultinomial")
+@register("StatelessMultinomial", needs_rng=True)
 def stateless_multinomial(ctx, logits, num_samples, seed):
   return _categorical(_seeded_key(ctx, seed), logits, static_ints(num_samples)[0],
                       ctx.attr("output_dtype", np.int64))
 
 
-@register("StatelessRandomGammaV2")
+@register("StatelessRandomGammaV2", needs_rng=True)
 def stateless_gamma_v2(ctx, shape, seed, alpha):
   return _gamma(_seeded_key(ctx, seed), _shape(shape), alpha, ctx.attr("dtype"))
 
 
-@register("StatelessRandomGammaV3")
+@register("StatelessRandomGammaV3", needs_rng=True)
 def stateless_gamma_v3(ctx, shape, key, counter, alg, alpha):
   return _gamma(_seeded_key(ctx, key, counter), _shape(shape), alpha, ctx.attr("dtype"))
 
 
-@register("StatelessRandomPoisson")
+@register("StatelessRandomPoisson", needs_rng=True)
 def stateless_poisson(ctx, shape, seed, lam):
   return _poisson(_seeded_key(ctx, seed), _shape(shape), lam, ctx.attr("dtype"))
 
 
-@register("StatelessRandomBinomial")
+@register("StatelessRandomBinomial", needs_rng=True)
 def stateless_binomial(ctx, shape, seed, counts, probs):
   shape = _shape(shape)
   counts = jnp.broadcast_to(jnp.asarray(counts, jnp.float32), shape)
   probs = jnp.broadcast_to(jnp.asarray(probs, jnp.float32), shape)
   return jax.random.binomial(_seeded_key(ctx, seed), counts, probs, shape).astype(_dtype(ctx.attr("dtype")))
 
-
-# The ops that need the caller's `rng` (seed plumbing such as GetKeyCounter does not).
-RNG_OPS = frozenset(op for op, rule in _RULES.items() if rule.__module__ == __name__) - {
-    "StatelessRandomGetKeyCounter", "StatelessRandomGetKeyCounterAlg", "StatelessRandomGetAlg"}

@@ -5,50 +5,50 @@ from jaxport.convert.interpreter import VariableRef
 from jaxport.convert.registry import register
 
 
-@register("ReadVariableOp")
+@register("ReadVariableOp", structural=True)
 def read_variable(ctx, ref):
   return ctx.runtime.read_variable(ref)
 
 
-@register("AssignVariableOp")
+@register("AssignVariableOp", writes_state=True, structural=True)
 def assign_variable(ctx, ref, value):
   ctx.runtime.assign_variable(ref, value.astype(ctx.runtime.read_variable(ref).dtype))
   return ()
 
 
-@register("AssignAddVariableOp")
+@register("AssignAddVariableOp", writes_state=True, structural=True)
 def assign_add_variable(ctx, ref, delta):
   old = ctx.runtime.read_variable(ref)
   ctx.runtime.assign_variable(ref, (old + delta).astype(old.dtype))
   return ()
 
 
-@register("AssignSubVariableOp")
+@register("AssignSubVariableOp", writes_state=True, structural=True)
 def assign_sub_variable(ctx, ref, delta):
   old = ctx.runtime.read_variable(ref)
   ctx.runtime.assign_variable(ref, (old - delta).astype(old.dtype))
   return ()
 
 
-@register("VarHandleOp")
+@register("VarHandleOp", structural=True)
 def var_handle(ctx):
   # Graph-level handles (TF1-style and restored graphs) are keyed by shared_name.
   return VariableRef(ctx.attr("shared_name") or ctx.name)
 
 
-@register("VarIsInitializedOp")
+@register("VarIsInitializedOp", structural=True)
 def var_is_initialized(ctx, ref):
   return np.bool_(True)
 
 
-@register("ResourceGather")
+@register("ResourceGather", structural=True)
 def resource_gather(ctx, ref, indices):
   """A gather from a variable along axis 0 (tf_keras Embedding)."""
   from jaxport.convert.ops.array import gather_v2
   return gather_v2(ctx, ctx.runtime.read_variable(ref), indices, np.int32(0))
 
 
-@register("ResourceGatherNd")
+@register("ResourceGatherNd", structural=True)
 def resource_gather_nd(ctx, ref, indices):
   from jaxport.convert.ops.array import gather_nd
   return gather_nd(ctx, ctx.runtime.read_variable(ref), indices)

@@ -79,24 +79,24 @@ def _index(i):
   return int(i) if is_concrete(i) else i
 
 
-@register("EmptyTensorList")
+@register("EmptyTensorList", structural=True)
 def empty_tensor_list(ctx, element_shape, max_num_elements):
   return TensorList(None, ctx.attr("element_dtype"), _shape_arg(element_shape), 0)
 
 
-@register("TensorListReserve")
+@register("TensorListReserve", structural=True)
 def tensor_list_reserve(ctx, element_shape, num_elements):
   size, = static_ints(num_elements, "TensorListReserve num_elements")
   lst = TensorList(None, ctx.attr("element_dtype"), _shape_arg(element_shape), size)
   return lst.with_items(lst.dense()) if lst.known_element_shape() is not None else lst
 
 
-@register("TensorListFromTensor")
+@register("TensorListFromTensor", structural=True)
 def tensor_list_from_tensor(ctx, tensor, element_shape):
   return TensorList(None, tensor.dtype, None).with_items(tensor)
 
 
-@register("TensorListSetItem")
+@register("TensorListSetItem", structural=True)
 def tensor_list_set_item(ctx, lst, index, item):
   i = _index(index)
   if isinstance(i, int) and i >= lst.size:
@@ -121,7 +121,7 @@ def _resized(lst: TensorList, size: int, element_shape=None) -> TensorList:
   return lst.with_items(jnp.concatenate([items, jnp.zeros((size - items.shape[0], *items.shape[1:]), items.dtype)]))
 
 
-@register("TensorListGetItem")
+@register("TensorListGetItem", structural=True)
 def tensor_list_get_item(ctx, lst, index, element_shape):
   if lst.items is None and lst.known_element_shape() is None:
     lst = TensorList(None, lst.dtype, _merge_shape(lst.element_shape, _shape_arg(element_shape)), lst.size)
@@ -132,19 +132,19 @@ def tensor_list_get_item(ctx, lst, index, element_shape):
   return lax.dynamic_index_in_dim(items, i, keepdims=False)
 
 
-@register("TensorListStack")
+@register("TensorListStack", structural=True)
 def tensor_list_stack(ctx, lst, element_shape):
   if lst.items is None:
     lst = TensorList(None, lst.dtype, _merge_shape(lst.element_shape, _shape_arg(element_shape)), lst.size)
   return lst.dense()
 
 
-@register("TensorListLength")
+@register("TensorListLength", structural=True)
 def tensor_list_length(ctx, lst):
   return np.int32(lst.size)
 
 
-@register("TensorListElementShape")
+@register("TensorListElementShape", structural=True)
 def tensor_list_element_shape(ctx, lst):
   shape = lst.element_shape
   dtype = ctx.attr("shape_type", np.dtype(np.int32))
@@ -153,14 +153,14 @@ def tensor_list_element_shape(ctx, lst):
   return np.asarray([-1 if d is None else d for d in shape], dtype)
 
 
-@register("TensorListPushBack")
+@register("TensorListPushBack", structural=True)
 def tensor_list_push_back(ctx, lst, item):
   item = jnp.asarray(item, lst.dtype)[None]
   items = item if lst.size == 0 and lst.items is None else jnp.concatenate([lst.dense(), item])
   return lst.with_items(items)
 
 
-@register("TensorListPopBack")
+@register("TensorListPopBack", structural=True)
 def tensor_list_pop_back(ctx, lst, element_shape):
   items = lst.dense()
   if items.shape[0] == 0:
@@ -168,19 +168,19 @@ def tensor_list_pop_back(ctx, lst, element_shape):
   return lst.with_items(items[:-1]), items[-1]
 
 
-@register("TensorListGather")
+@register("TensorListGather", structural=True)
 def tensor_list_gather(ctx, lst, indices, element_shape):
   return jnp.take(lst.dense(), jnp.asarray(indices), axis=0)
 
 
-@register("TensorListScatterIntoExistingList")
+@register("TensorListScatterIntoExistingList", structural=True)
 def tensor_list_scatter_into_existing(ctx, lst, tensor, indices):
   if lst.items is None:
     lst = TensorList(None, lst.dtype, tuple(tensor.shape[1:]), lst.size)
   return lst.with_items(lst.dense().at[jnp.asarray(indices)].set(jnp.asarray(tensor, lst.dtype)))
 
 
-@register("TensorListScatter", "TensorListScatterV2")
+@register("TensorListScatter", "TensorListScatterV2", structural=True)
 def tensor_list_scatter(ctx, tensor, indices, element_shape, *num_elements):
   idx = static_ints(indices, f"{ctx.op} indices") if is_concrete(indices) else None
   if num_elements and int(np.asarray(num_elements[0])) >= 0:
@@ -193,14 +193,14 @@ def tensor_list_scatter(ctx, tensor, indices, element_shape, *num_elements):
   return TensorList(None, tensor.dtype, None).with_items(base.at[jnp.asarray(indices)].set(tensor))
 
 
-@register("TensorListConcatV2", "TensorListConcat")
+@register("TensorListConcatV2", "TensorListConcat", structural=True)
 def tensor_list_concat(ctx, lst, *_):
   items = lst.dense()
   lengths = np.full((items.shape[0],), items.shape[1] if items.ndim > 1 else 1, np.int64)
   return items.reshape((-1, *items.shape[2:])), lengths
 
 
-@register("TensorListSplit")
+@register("TensorListSplit", structural=True)
 def tensor_list_split(ctx, tensor, element_shape, lengths):
   lens = static_ints(lengths, "TensorListSplit lengths")
   if len(set(lens)) > 1:
@@ -209,7 +209,7 @@ def tensor_list_split(ctx, tensor, element_shape, lengths):
   return TensorList(None, tensor.dtype, None).with_items(tensor.reshape((n, lens[0] if n else 0, *tensor.shape[1:])))
 
 
-@register("TensorListResize")
+@register("TensorListResize", structural=True)
 def tensor_list_resize(ctx, lst, size):
   n, = static_ints(size, "TensorListResize size")
   return _resized(lst, n)

@@ -1,0 +1,58 @@
+"""The converter's one door to TensorFlow's private APIs, so a TF upgrade breaks one file.
+
+Each function says which private API it reaches; `tests/convert/test_tf_compat.py` pins them.
+"""
+from __future__ import annotations
+
+
+def kernel_devices(op_type: str) -> frozenset[str]:
+  """Device types with a registered kernel for `op_type` (`tensorflow.python.framework.kernels`)."""
+  from tensorflow.python.framework import kernels
+  try:
+    found = kernels.get_registered_kernels_for_op(op_type)
+  except Exception:   # an op TF does not know
+    return frozenset()
+  return frozenset(k.device_type for k in found.kernel)
+
+
+def function_def_to_graph_def(fdef):
+  """A FunctionDef as a GraphDef plus its output-name map (`function_def_to_graph`)."""
+  from tensorflow.python.framework import function_def_to_graph
+  return function_def_to_graph.function_def_to_graph_def(fdef)
+
+
+def op_def(op_type: str):
+  """The registered `OpDef` proto of `op_type`, or None when TF does not know it (`op_def_registry`)."""
+  from tensorflow.python.framework import op_def_registry
+  return op_def_registry.get(op_type)
+
+
+NO_GRADIENT = object()   # `registered_gradient`: TF has no gradient for the op
+
+
+def registered_gradient(op_type: str):
+  """TF's gradient function for `op_type`; None when it is declared non-differentiable;
+  `NO_GRADIENT` when none is registered (`ops.gradient_registry`)."""
+  from tensorflow.python.framework import ops
+  try:
+    return ops.gradient_registry.lookup(op_type)
+  except LookupError:
+    return NO_GRADIENT
+
+
+_xla_kernels_registered = False
+
+
+def register_xla_kernels() -> None:
+  """Makes TF register its XLA_CPU_JIT kernels, which it does lazily on the first XLA compilation.
+
+  Until then `kernel_devices` misses every XLA device type. Compiling a one-op function once
+  (about 50 ms) triggers `XlaOpRegistry::RegisterCompilationKernels`.
+  """
+  global _xla_kernels_registered
+  if _xla_kernels_registered:
+    return
+  import tensorflow as tf
+  fn = tf.function(lambda x: x + 1.0, jit_compile=True, autograph=False)
+  fn.experimental_get_compiler_ir(tf.TensorSpec([], tf.float32))(stage="hlo")
+  _xla_kernels_registered = True

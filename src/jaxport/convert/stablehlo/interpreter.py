@@ -1,0 +1,204 @@
+"""Interprets a decoded StableHLO module op by op into `jax.lax`, inside the caller's trace.
+
+Handlers are registered per op name with `@handler("stablehlo.add")` in the family
+modules beside this one, and called as `fn(ctx, *operands)`; they return one value
+or a list with one entry per result. Operands that are NumPy arrays are trace-time
+constants: handlers keep them NumPy where they can, so shapes and trip counts stay
+static under `jit`. Regions see the values of the regions around them.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from jaxport.convert.stablehlo.module import Block, Module, Op, TensorType
+from jaxport.errors import StableHLOError
+
+_HANDLERS: dict[str, Callable] = {}
+
+
+def handler(*names: str):
+  """Registers `fn(ctx, *operands)` for the StableHLO (or chlo/func) op `names`."""
+  def decorator(fn):
+    for name in names:
+      if name in _HANDLERS:
+        raise ValueError(f"StableHLO op {name!r} already has a handler")
+      _HANDLERS[name] = fn
+    return fn
+  return decorator
+
+
+def handled_ops() -> frozenset[str]:
+  _load()
+  return frozenset(_HANDLERS)
+
+
+class Env:
+  """Values of one region, falling back to the regions that enclose it."""
+  __slots__ = ("values", "parent")
+
+  def __init__(self, parent: "Env | None" = None):
+    self.values: dict[int, Any] = {}
+    self.parent = parent
+
+  def __getitem__(self, key: int):
+    env = self
+    while env is not None:
+      if key in env.values:
+        return env.values[key]
+      env = env.parent
+    raise StableHLOError(f"StableHLO value %{key} is used before it is defined")
+
+
+class Call:
+  """One interpretation of a module: its functions, the rng key, where it runs."""
+
+  def __init__(self, module: Module, rng=None, name: str = ""):
+    self.module = module
+    self.rng = rng
+    self.name = name or module.name
+    self._rng_count = 0
+
+  def next_rng(self):
+    """A fresh key for keyless random ops (`stablehlo.rng`)."""
+    if self.rng is None:
+      from jaxport.errors import MissingInputError
+      raise MissingInputError(f"StableHLO module {self.name!r} draws random numbers: "
+                              "call the converted function with rng=jax.random.key(...)")
+    import jax
+    self._rng_count += 1
+    return jax.random.fold_in(self.rng, self._rng_count)
+
+  def call_function(self, name: str, args: Sequence[Any]) -> list:
+    fn = self.module.functions.get(name)
+    if fn is None:
+      raise StableHLOError(f"StableHLO module {self.name!r} calls @{name}, which it does not define")
+    return run_block(fn.block, list(args), self, None)
+
+
+class OpContext:
+  """What a handler sees of its op."""
+  __slots__ = ("op", "call", "env")
+
+  def __init__(self, op: Op, call: Call, env: Env):
+    self.op, self.call, self.env = op, call, env
+
+  @property
+  def attrs(self) -> dict[str, Any]:
+    return self.op.attrs
+
+  def attr(self, key: str, default: Any = ...):
+    value = self.op.attrs.get(key, default)
+    if value is ...:
+      raise StableHLOError(f"{self.op.name} in module {self.call.name!r} has no attribute {key!r}")
+    return value
+
+  @property
+  def result_types(self) -> list[TensorType]:
+    return self.op.result_types
+
+  @property
+  def result_type(self) -> TensorType:
+    return self.op.result_types[0]
+
+  def region(self, index: int) -> Callable[..., list]:
+    """Region `index` as a function of its block arguments, returning its results."""
+    block = self.op.regions[index]
+    return lambda *args: run_block(block, list(args), self.call, self.env)
+
+  def region_block(self, index: int) -> Block:
+    return self.op.regions[index]
+
+
+def run_block(block: Block, args: list, call: Call, parent: Env | None) -> list:
+  if len(args) != len(block.args):
+    raise StableHLOError(f"a block of module {call.name!r} takes {len(block.args)} arguments, got {len(args)}")
+  env = Env(parent)
+  env.values.update(zip(block.args, args))
+  for op in block.ops:
+    fn = _HANDLERS.get(op.name)
+    if fn is None:
+      raise StableHLOError(f"StableHLO op {op.name} (in module {call.name!r}) cannot be interpreted; "
+                           "please report it with the module")
+    operands = [env[v] for v in op.operands]
+    try:
+      out = fn(OpContext(op, call, env), *operands)
+    except StableHLOError:
+      raise
+    except Exception as e:
+      if not getattr(e, "_jaxport_noted", False):
+        e.add_note(f"while interpreting {op.name} in StableHLO module {call.name!r}")
+        e._jaxport_noted = True
+      raise
+    if len(op.results) == 1 and not isinstance(out, list):
+      out = [out]
+    out = list(out)
+    if len(out) != len(op.results):
+      raise StableHLOError(f"{op.name} handler gave {len(out)} results, expected {len(op.results)}")
+    for vid, value, rtype in zip(op.results, out, op.result_types):
+      env.values[vid] = _as_result(value, rtype)
+  return [env[v] for v in block.returns]
+
+
+def _as_result(value, rtype: TensorType):
+  """NumPy results take the op's result dtype exactly (NumPy's promotion rules differ)."""
+  if isinstance(value, (np.ndarray, np.generic)) and not isinstance(rtype.dtype, str):
+    if value.dtype != rtype.dtype:
+      return np.asarray(value).astype(rtype.dtype)
+    return np.asarray(value)
+  return value
+
+
+def unsupported_ops(module: Module) -> dict[str, int]:
+  """Op names (and custom_call targets) of `module` no handler takes, with their counts."""
+  _load()
+  from jaxport.convert.stablehlo.custom_call import handled_targets
+  missing: dict[str, int] = {}
+  def walk(block: Block):
+    for op in block.ops:
+      name = op.name
+      if name == "stablehlo.custom_call":
+        target = op.attrs.get("call_target_name", "")
+        if target not in handled_targets():
+          name = f"stablehlo.custom_call @{target}"
+        else:
+          name = None
+      elif name in _HANDLERS:
+        name = None
+      if name:
+        missing[name] = missing.get(name, 0) + 1
+      for region in op.regions:
+        walk(region)
+  for fn in module.functions.values():
+    walk(fn.block)
+  return missing
+
+
+def check_module(module: Module, where: str = "") -> None:
+  """Raises `StableHLOError` listing every op of `module` that cannot be interpreted."""
+  missing = unsupported_ops(module)
+  if missing:
+    listed = ", ".join(f"{name} ({n}x)" for name, n in sorted(missing.items()))
+    raise StableHLOError(f"StableHLO module {module.name!r}{' in ' + where if where else ''} uses ops jaxport "
+                         f"cannot interpret: {listed}. Please report them with the module.")
+
+
+def call_module(module: Module, args: Sequence[Any], rng=None, name: str = "") -> list:
+  """Interprets `module`'s @main on `args` inside the current JAX trace."""
+  _load()
+  main = module.main
+  if len(args) != len(main.block.args):
+    raise StableHLOError(f"StableHLO module {module.name!r} takes {len(main.block.args)} arguments, "
+                         f"got {len(args)}")
+  return Call(module, rng, name).call_function("main", args)
+
+
+_loaded = False
+
+
+def _load() -> None:
+  global _loaded
+  if not _loaded:
+    _loaded = True
+    from jaxport.convert.stablehlo import families  # noqa: F401  (registers every handler)
