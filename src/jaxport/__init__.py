@@ -6,9 +6,9 @@ from jaxport.config import get_config, override_config, update_config
 from jaxport.convert import (ConvertedFunction, Variable, convert, convert_from_restored,
                              convert_functional, convert_functional_from_restored,
                              get_unsupported_operations)
-from jaxport.errors import (DeviceMismatchError, DtypeMismatchError, JaxportError, MissingInputError,
-                            ShapeMismatchError, ShardedArrayError, SignatureError,
-                            UnsupportedOperationsError, ZeroCopyError)
+from jaxport.errors import (AssertionFailedError, DeviceMismatchError, DtypeMismatchError, JaxportError,
+                            MissingInputError, ShapeMismatchError, ShardedArrayError, SignatureError,
+                            StableHLOError, UnsupportedOperationsError, ZeroCopyError)
 from jaxport.interop import shares_memory, to_cupy, to_jax, to_numpy, to_tf, to_torch
 
 __version__ = "0.1.0"
@@ -19,5 +19,5 @@ __all__ = [
     "MissingInputError", "UnsupportedOperationsError", "ShapeMismatchError", "DtypeMismatchError",
     "SignatureError", "JaxportError", "ConvertedFunction", "Variable",
     "to_jax", "to_torch", "to_tf", "to_numpy", "to_cupy", "shares_memory",
-    "ZeroCopyError", "DeviceMismatchError", "ShardedArrayError",
+    "ZeroCopyError", "DeviceMismatchError", "ShardedArrayError", "AssertionFailedError", "StableHLOError",
 ]

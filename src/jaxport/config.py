@@ -9,8 +9,10 @@ _DEFAULTS: dict[str, Any] = {
     "force_const_float64_to_bfloat16": False,
     "convert_custom_gradient": True,
     "raise_on_prevent_gradient": True,
+    "infer_relu_from_jax2tf": True,
     "infer_cumulative_reduction_from_jax2tf": True,
     "xlacallmodule_strict_checks": True,
+    "enable_checkify_for_asserts": False,
     # Conversion tiers (see jaxport.convert.tiers).
     "allow_xla_lowering": True,
     "allow_host_callback": True,

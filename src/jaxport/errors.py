@@ -84,3 +84,7 @@ class StringTensorError(JaxportError, TypeError):
 
 class ShapeAssertionError(JaxportError, ValueError):
   """Inputs break a shape constraint recorded in a shape-polymorphic export."""
+
+
+class AssertionFailedError(JaxportError, AssertionError):
+  """A TF run-time check (`Assert`, `CheckNumerics`) fails on values known when tracing."""

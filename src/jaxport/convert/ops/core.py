@@ -1,12 +1,23 @@
-"""Graph plumbing: constants, identities, gradient barriers."""
+"""Graph plumbing: constants, identities, run-time checks, gradient barriers.
+
+TF's run-time checks (`Assert`, `CheckNumerics`) raise in TF when they fail. Here
+they cost nothing by default: a check that fails on trace-time constants raises at
+once, others are skipped. With `enable_checkify_for_asserts` on, they become
+`jax.experimental.checkify` checks carrying TF's message: wrap the converted
+function in `checkify.checkify` to get them reported. `EnsureShape` is checked
+when the function is traced, against the shapes it really gets.
+"""
 import warnings
 
 import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
 from jaxport.convert import custom_gradient
+from jaxport.convert.ops._util import is_concrete
 from jaxport.convert.registry import register
+from jaxport.errors import AssertionFailedError, ShapeMismatchError
 
 
 @register("Const", structural=True)
@@ -19,8 +30,60 @@ def const(ctx):
   return value
 
 
-@register("Identity", "Snapshot", "EnsureShape", "CheckNumerics", structural=True)
+@register("Identity", "Snapshot", structural=True)
 def identity(ctx, x, *_):
+  return x
+
+
+@register("EnsureShape", structural=True)
+def ensure_shape(ctx, x):
+  expected, got = ctx.attr("shape"), tuple(np.shape(x))
+  if expected is not None and (len(expected) != len(got) or
+                               any(e is not None and e != g for e, g in zip(expected, got))):
+    raise ShapeMismatchError(
+        f"EnsureShape {ctx.name!r}: Shape of tensor {got} is not compatible with expected shape "
+        f"{tuple(expected)}. Call the function with inputs of the shapes it was converted for.")
+  return x
+
+
+def _check(ctx, ok, message: str, *values) -> None:
+  """A TF run-time check: raise now when it fails on constants, else checkify when enabled."""
+  if is_concrete(ok) and all(is_concrete(v) for v in values):
+    if not np.all(ok):
+      shown = message.format(*[np.asarray(v) for v in values])
+      raise AssertionFailedError(f"{ctx.op} {ctx.name!r} failed: {shown}")
+    return
+  if ctx.config["enable_checkify_for_asserts"]:
+    from jax.experimental import checkify
+    checkify.check(jnp.all(ok), f"{ctx.op} {ctx.name!r} failed: {message}", *values)
+
+
+def _format_data(data) -> tuple[str, list]:
+  """Assert's data inputs as a checkify format string (constant strings inline) and its arguments."""
+  parts, values = [], []
+  for item in data:
+    if is_concrete(item) and np.asarray(item).dtype == object:
+      text = " ".join(v.decode() if isinstance(v, bytes) else str(v) for v in np.asarray(item).reshape(-1))
+      parts.append(text.replace("{", "{{").replace("}", "}}"))
+    else:
+      parts.append("{}")
+      values.append(item)
+  return " ".join(parts), values
+
+
+@register("Assert", stateful=True)
+def assert_(ctx, condition, *data):
+  message, values = _format_data(data)
+  _check(ctx, condition, message, *values)
+  return ()
+
+
+@register("CheckNumerics", stateful=True)
+def check_numerics(ctx, x):
+  message = ctx.attr("message", "")
+  finite = np.isfinite(x) if is_concrete(x) else jnp.isfinite(x)
+  message = message.replace("{", "{{").replace("}", "}}")
+  _check(ctx, finite, f"{message} : Tensor had NaN or Inf values")
   return x
 
 
