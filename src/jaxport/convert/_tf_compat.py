@@ -56,3 +56,13 @@ def register_xla_kernels() -> None:
   fn = tf.function(lambda x: x + 1.0, jit_compile=True, autograph=False)
   fn.experimental_get_compiler_ir(tf.TensorSpec([], tf.float32))(stage="hlo")
   _xla_kernels_registered = True
+
+
+def xla_data_pb2():
+  """XLA's `xla_data_pb2` protos as TF ships them (`tensorflow.compiler.xla`).
+
+  The `Xla*` ops serialize `dimension_numbers`, `precision_config` and sharding
+  attributes as these protos.
+  """
+  from tensorflow.compiler.xla import xla_data_pb2 as protos
+  return protos

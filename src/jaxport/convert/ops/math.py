@@ -16,6 +16,7 @@ JAX's x64 mode off, 64-bit results are 32-bit.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +25,7 @@ import ml_dtypes
 import numpy as np
 from jax import lax
 
-from jaxport.convert.ops._util import xp
+from jaxport.convert.ops._util import is_concrete, xp
 from jaxport.convert.registry import register
 
 # --------------------------------------------------------------------------- helpers
@@ -382,9 +383,32 @@ _maximum_tf_grad = _tie_to_x(jnp.maximum, jnp.greater_equal)
 _minimum_tf_grad = _tie_to_x(jnp.minimum, jnp.less_equal)
 
 
-@_elementwise("Maximum")
 def _maximum(xp, x, y):
   return _maximum_tf_grad(x, y) if xp is jnp and _is_float(x) else xp.maximum(x, y)
+
+
+@register("Maximum")
+def maximum(ctx, x, y):
+  relu = jax2tf_relu(ctx, x, y)
+  return relu if relu is not None else apply(_maximum, (x, y))
+
+
+def jax2tf_relu(ctx, x, y) -> Any | None:
+  """`jax.nn.relu(x)` when a Maximum node is jax2tf's lowering of relu, else None.
+
+  jax2tf lowers `jax.nn.relu` to `Maximum(x, 0)` in a name scope holding "jax2tf"
+  and "_relu_"; taking it back to relu restores relu's gradient at 0 (Maximum's
+  TF gradient is 1 there). Config key `infer_relu_from_jax2tf` (default True).
+  """
+  if not ctx.config.get("infer_relu_from_jax2tf", True):
+    return None
+  if "jax2tf" not in ctx.name or "_relu_" not in ctx.name or not is_concrete(y) or is_concrete(x):
+    return None
+  y = np.asarray(y)
+  if y.size == 0 or np.any(y != 0):
+    return None
+  x = jnp.asarray(x)
+  return jnp.broadcast_to(jax.nn.relu(x), jnp.broadcast_shapes(x.shape, y.shape))
 
 
 @_elementwise("Minimum")
