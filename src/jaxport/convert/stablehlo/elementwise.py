@@ -138,6 +138,8 @@ def convert(ctx, x):
 
 @handler("stablehlo.bitcast_convert")
 def bitcast_convert(ctx, x):
+  if is_const(x):   # exact in NumPy, 64-bit types included (little-endian, as XLA)
+    return np.ascontiguousarray(x).reshape(-1).view(ctx.result_type.dtype).reshape(ctx.result_type.shape)
   return lax.bitcast_convert_type(canon(x), jax_dtype(ctx.result_type))
 
 

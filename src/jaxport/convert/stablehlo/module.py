@@ -18,12 +18,14 @@ import numpy as np
 from jaxport.errors import StableHLOError
 
 TOKEN = "token"
+TUPLE = "tuple"
 
 
 @dataclasses.dataclass(frozen=True)
 class TensorType:
   shape: tuple[int | None, ...]   # None for a dynamic dimension
-  dtype: Any                      # a NumPy dtype, or TOKEN
+  dtype: Any                      # a NumPy dtype, TOKEN or TUPLE
+  elements: tuple = ()            # a TUPLE's element types
 
   @property
   def is_static(self) -> bool:
@@ -164,9 +166,18 @@ class _Decoder:
 
 def _named_attrs(op):
   attributes = op.attributes
-  for name in list(attributes):
+  for i, name in enumerate(list(attributes)):
     name = name if isinstance(name, str) else name.name
-    yield _Named(name, attributes[name])
+    try:
+      attr = attributes[name]
+    except TypeError:   # complex dense elements: the bindings cannot cast them, so read the printed form
+      attr = _Printed(str(attributes[i]).split("=", 1)[1][:-1])
+    yield _Named(name, attr)
+
+
+@dataclasses.dataclass
+class _Printed:
+  text: str
 
 
 @dataclasses.dataclass
@@ -211,6 +222,8 @@ def decode_type(t) -> TensorType:
   if isinstance(t, ir.RankedTensorType):
     dyn = ir.ShapedType.get_dynamic_size()
     return TensorType(tuple(None if d == dyn else int(d) for d in t.shape), decode_element_type(t.element_type))
+  if isinstance(t, ir.TupleType):   # custom calls of TF's lowering (Qr, Eigh) return tuples
+    return TensorType((), TUPLE, tuple(decode_type(t.get_type(i)) for i in range(t.num_types)))
   if "token" in str(t):
     return TensorType((), TOKEN)
   if isinstance(t, ir.UnrankedTensorType):
@@ -258,6 +271,12 @@ def _stablehlo_attr(a):
 
 def decode_attr(a) -> Any:
   from jaxlib.mlir import ir
+  if isinstance(a, _Printed):
+    m = _DENSE.match(a.text.strip())
+    if not m:
+      return a.text
+    t = decode_type(ir.Type.parse(m.group(2)))
+    return _parse_dense(a.text, t.dtype, tuple(t.shape))
   if isinstance(a, (ir.DenseIntElementsAttr, ir.DenseFPElementsAttr, ir.DenseElementsAttr)):
     return decode_elements(a)
   if isinstance(a, ir.BoolAttr):
@@ -267,7 +286,10 @@ def decode_attr(a) -> Any:
   if isinstance(a, ir.FloatAttr):
     return float(a.value)
   if isinstance(a, ir.StringAttr):
-    return a.value
+    try:
+      return a.value
+    except (UnicodeDecodeError, RuntimeError):   # raw bytes (legacy custom calls' opaque descriptors)
+      return a.value_bytes
   if isinstance(a, ir.FlatSymbolRefAttr):
     return a.value
   if isinstance(a, (ir.DenseI64ArrayAttr, ir.DenseI32ArrayAttr, ir.DenseBoolArrayAttr, ir.DenseF32ArrayAttr,
@@ -315,7 +337,7 @@ def _parse_dense(text: str, dtype, shape) -> np.ndarray:
     raw = bytes.fromhex(body[3:-1])
     storage = np.dtype(np.int8) if dtype in (ml_dtypes.int4, ml_dtypes.int2) else dtype
     arr = np.frombuffer(raw, dtype=storage).astype(dtype)
-    return (np.broadcast_to(arr, shape) if arr.size == 1 else arr.reshape(shape)).copy()
+    return (np.broadcast_to(arr.reshape(()), shape) if arr.size == 1 else arr.reshape(shape)).copy()
   body = body.replace("true", "1").replace("false", "0")
   if np.dtype(dtype).kind == "c":
     pairs = re.findall(r"\(([^,()]+),([^()]+)\)", body)
@@ -329,7 +351,7 @@ def _parse_dense(text: str, dtype, shape) -> np.ndarray:
   if np.dtype(dtype).kind == "f" or dtype in _FLOAT_TYPES.values():
     arr = np.asarray(values, np.float64)
   arr = arr.astype(dtype)
-  return np.broadcast_to(arr, shape).copy() if arr.size == 1 else arr.reshape(shape)
+  return np.broadcast_to(arr.reshape(()), shape).copy() if arr.size == 1 else arr.reshape(shape)
 
 
 def _float(token: str, dtype) -> float:
