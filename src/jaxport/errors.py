@@ -88,3 +88,12 @@ class ShapeAssertionError(JaxportError, ValueError):
 
 class AssertionFailedError(JaxportError, AssertionError):
   """A TF run-time check (`Assert`, `CheckNumerics`) fails on values known when tracing."""
+
+
+class ModelFileError(JaxportError, ValueError):
+  """A path is not a model jaxport can read (missing, empty, corrupt, or another kind of file)."""
+
+
+class ArtifactError(JaxportError, ValueError):
+  """An artifact directory (`jaxport.export` / `jaxport.load`) cannot be written or read: a missing
+  or changed file, a manifest that does not check out, or a platform it was not exported for."""

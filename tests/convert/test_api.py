@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import jaxport
 import jaxport as tf2jax   # drop-in: existing tf2jax code only changes its import
-from oracle import assert_close
+from oracle import assert_close, check, run_rule
 
 X = np.random.RandomState(0).normal(size=(4, 3)).astype(np.float32)
 
@@ -191,7 +191,9 @@ def test_unsupported_ops_listed_before_running_including_library_functions():
   def fn(x, s):
     return tf.cast(inner(s), tf.float32) + x, tf.strings.upper(s)
 
-  with pytest.raises(jaxport.UnsupportedOperationsError) as info:
+  # String ops run through host callbacks by default; without them they are unsupported.
+  with jaxport.override_config("allow_host_callback", False), \
+       pytest.raises(jaxport.UnsupportedOperationsError) as info:
     jaxport.convert(fn, np.zeros((), np.float32), tf.TensorSpec([], tf.string))
   ops = info.value.ops
   assert "StringUpper" in ops and "StringLength" in ops
@@ -200,7 +202,10 @@ def test_unsupported_ops_listed_before_running_including_library_functions():
 
 
 def test_get_unsupported_operations():
-  assert jaxport.get_unsupported_operations(["Sin", "AddV2", "StringUpper", "MatMul"]) == {"StringUpper"}
+  with jaxport.override_config("allow_host_callback", False):
+    assert jaxport.get_unsupported_operations(["Sin", "AddV2", "StringUpper", "MatMul"]) == {"StringUpper"}
+  # An op TF does not know has no tier at all, whatever the config.
+  assert jaxport.get_unsupported_operations(["Sin", "StringUpper", "NoSuchTensorFlowOp"]) == {"NoSuchTensorFlowOp"}
 
 
 def test_jit_grad_vmap_on_mlp():
@@ -298,3 +303,95 @@ def test_function_closing_over_arrays_converts():
     return x * table
 
   np.testing.assert_allclose(jaxport.convert_functional(fn, X)(X), X * table)
+
+
+# --------------------------------------------------------------------------- graph plumbing and variable ops by name
+
+RAW = tf.raw_ops
+
+
+def _graph_ops(fn, *args):
+  return {op.type for op in tf.function(fn).get_concrete_function(*args).graph.get_operations()}
+
+
+def plumbing(x):
+  with tf.control_dependencies([RAW.NoOp()]):
+    a = RAW.Identity(input=x)
+  b, c = RAW.IdentityN(input=[x, x * 2.0])
+  d = RAW.StopGradient(input=tf.sin(x))
+  e = RAW.StopGradient(input=x * x) * tf.constant(0.5)
+  f = RAW.PlaceholderWithDefault(input=x * 3.0, shape=[4, 3])
+  return a * b + c * d + e + f + tf.constant([1.0, 2.0, 3.0])
+
+
+def test_graph_plumbing_ops():
+  assert {"NoOp", "Identity", "IdentityN", "StopGradient", "PlaceholderWithDefault", "Const"} <= _graph_ops(plumbing, X)
+  check(plumbing, X)
+  check(lambda x: RAW.Snapshot(input=tf.sin(x)), X, grad=False)   # TF has no gradient for Snapshot
+
+
+def test_variable_assign_ops_update_new_params_like_tf():
+  total = tf.Variable(np.zeros((3,), np.float32), name="total")
+  count = tf.Variable(10, name="count")
+  table = tf.Variable(np.arange(12, dtype=np.float32).reshape(4, 3), name="table")
+
+  # Variables' methods emit the ops (raw ops on `v.handle` would hide the variable from tf.function).
+  def fn(x):
+    total.assign_add(tf.reduce_sum(x, axis=0))   # AssignAddVariableOp
+    count.assign_sub(3)                          # AssignSubVariableOp
+    table.assign(table * x[0])                   # ReadVariableOp, AssignVariableOp
+    return total.read_value() * 2.0, tf.gather_nd(table, [[3], [1]]), total.is_initialized()
+
+  assert {"AssignAddVariableOp", "AssignSubVariableOp", "AssignVariableOp", "ReadVariableOp",
+          "ResourceGatherNd", "VarIsInitializedOp"} <= _graph_ops(fn, X)
+  jax_fn, params = jaxport.convert(fn, X)
+  eager, new = jax_fn(params, X)
+  jitted, new_jit = jax.jit(jax_fn)(params, X)
+  expected = tf.function(fn)(X)   # updates the TF variables
+  for outs, state in ((eager, new), (jitted, new_jit)):
+    assert_close(outs, expected, 1e-6, 1e-6)
+    assert_close([state["total"], state["count"], state["table"]], [total, count, table], 1e-6, 1e-6)
+
+
+def test_variable_reads_differentiate_like_tf():
+  table = tf.Variable(np.arange(12, dtype=np.float32).reshape(4, 3), name="table")
+
+  def fn(x):   # ReadVariableOp, ResourceGatherNd
+    return tf.gather_nd(table, [[3], [1], [3]]) * x[:3] + tf.reduce_sum(table.read_value() ** 2)
+
+  assert {"ReadVariableOp", "ResourceGatherNd"} <= _graph_ops(fn, X)
+  jax_fn, params = jaxport.convert(fn, X)
+  loss = lambda t, x: jnp.sum(jax_fn({"table": t}, x)[0])
+  grads = [jax.grad(loss, argnums=(0, 1))(params["table"], X), jax.jit(jax.grad(loss))(params["table"], X)]
+  x = tf.constant(X)
+  with tf.GradientTape() as tape:
+    tape.watch(x)
+    tf_loss = tf.reduce_sum(fn(x))
+  tf_grads = [tf.convert_to_tensor(g) for g in tape.gradient(tf_loss, [table, x])]
+  assert_close(grads[0], tf_grads, 1e-5, 1e-5)
+  assert_close(grads[1], tf_grads[0], 1e-5, 1e-5)
+
+
+def test_var_handle_op_refers_to_its_shared_name():
+  ref = run_rule("VarHandleOp", shared_name="model/w", dtype=np.float32, shape=[3])
+  assert ref.key == "model/w"
+  assert run_rule("VarHandleOp", shared_name="", dtype=np.float32, shape=[3]).key == "node"   # the node name
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: a graph-level VarHandleOp (TF1 graph imported into a function) is "
+                   "keyed by its shared_name, but convert() lists no param for it and the call keeps only "
+                   "listed params, so it raises MissingInputError even when params holds the variable")
+def test_graph_level_var_handle_reads_params_by_shared_name():
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.compat.v1.placeholder(tf.float32, [4, 3], name="x")
+    w = tf.compat.v1.get_variable("w", initializer=np.full((3,), 0.5, np.float32), use_resource=True)
+    tf.identity(x * w, name="y")
+  graph_def = graph.as_graph_def()
+  fn = tf.compat.v1.wrap_function(
+      lambda x: tf.graph_util.import_graph_def(graph_def, {"x:0": x}, return_elements=["y:0"]),
+      [tf.TensorSpec([4, 3], tf.float32)])
+  assert "VarHandleOp" in {n.op for n in fn.graph.as_graph_def().node}
+  jax_fn, _ = jaxport.convert(fn, X)
+  out, _ = jax_fn({"w": np.full((3,), 2.0, np.float32)}, X)
+  np.testing.assert_allclose(out[0], X * 2.0, rtol=1e-6)

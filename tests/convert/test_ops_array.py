@@ -84,6 +84,15 @@ RESHAPING = {
     "broadcast_to": (lambda x: tf.broadcast_to(x[:, :1], [4, 2, 3, 4]), X),
     "fill_traced_value": (lambda v: tf.fill([2, 3], v[0]), V),
     "fill_int": (lambda x: tf.fill(shape_of(x)[1:], 7), X),
+    # The same ops by their raw names.
+    "Squeeze": (lambda x: raw.Squeeze(input=x[:, :1, :, None], axis=[1, -1]), X),
+    "ExpandDims": (lambda x: (raw.ExpandDims(input=x, axis=-2), raw.ExpandDims(input=x, axis=0)), X),
+    "Transpose": (lambda x: raw.Transpose(x=x, perm=[2, 0, 1]), X),
+    "Unpack": (lambda x: (raw.Unpack(value=x, num=3, axis=1), raw.Unpack(value=x, num=4, axis=-1)), X),
+    "Split": (lambda x: raw.Split(axis=-1, value=x, num_split=2), X),
+    "Tile": (lambda x: raw.Tile(input=x, multiples=[2, 1, 3]), X),
+    "BroadcastTo": (lambda x: raw.BroadcastTo(input=x[:, :1], shape=[4, 2, 3, 4]), X),
+    "Fill": (lambda v: (raw.Fill(dims=[2, 3], value=v[0]), raw.Fill(dims=shape_of(v), value=7)), V),
 }
 
 
@@ -128,6 +137,8 @@ PADDINGS = [[1, 0], [0, 2], [2, 1]]
     ("pad_v2", lambda x: tf.pad(x, PADDINGS, constant_values=-2.5)),
     ("reflect", lambda x: tf.pad(x, [[1, 1], [2, 0], [0, 3]], mode="REFLECT")),
     ("symmetric", lambda x: tf.pad(x, [[2, 1], [3, 0], [0, 4]], mode="SYMMETRIC")),
+    ("Pad", lambda x: raw.Pad(input=x, paddings=PADDINGS)),
+    ("PadV2", lambda x: raw.PadV2(input=x, paddings=PADDINGS, constant_values=-2.5)),
 ])
 def test_pad(name, fn):
   check(fn, X)
@@ -167,6 +178,7 @@ def select_v1(c, x, y):
     ("select_rows", select_v1, (np.array([True, False]), X, M), False),   # rows of the unbatched input
     ("select_scalar", select_v1, (np.array(False), X, M), True),
     ("select_v2_broadcast", lambda c, x, y: tf.where(c, x, y[0, :, :1]), (X[0, 0] > 0, X, M), True),
+    ("SelectV2", lambda c, x, y: raw.SelectV2(condition=c[:, :1], t=x, e=y[0]), (X > 0, X, M), True),
 ])
 def test_select(name, fn, args, vmap):
   check(fn, *args, vmap=vmap)
@@ -179,6 +191,13 @@ def test_one_hot(axis):
   check(lambda i: tf.one_hot(i, 4, dtype=tf.int32, axis=axis), indices.astype(np.int64))
 
 
+def test_one_hot_raw():
+  indices = np.array([[0, 2, -1], [3, 1, 1]], np.int32)
+  # TF registers no gradient for OneHot (zero w.r.t. on/off values): forward only.
+  check(lambda i, on: raw.OneHot(indices=i, depth=3, on_value=on, off_value=-on, axis=1), indices, np.float32(1.5),
+        grad=False)
+
+
 def test_one_hot_traced_on_off_values():
   check(lambda i, on, off: tf.one_hot(i, 3, on_value=on, off_value=off),
         np.array([0, 2, 1], np.int32), np.float32(4.0), np.float32(0.5), grad=False)
@@ -188,6 +207,51 @@ def test_top_k_sorted_ties_by_index():
   x = np.array([[1.0, 3.0, 3.0, 2.0, 3.0], [0.5, -1.0, 0.5, 0.5, 7.0]], np.float32)
   check(lambda x: tf.math.top_k(x, 3), x, grad=False)
   check(lambda x: tf.math.top_k(x, 2), X)
+
+
+def test_top_k_v2_raw():
+  check(lambda x: raw.TopKV2(input=x, k=3), X)
+  fn = jaxport.convert_functional(lambda x, k: raw.TopKV2(input=x, k=k), X, np.int32(2))
+  with pytest.raises(ValueError, match="TopKV2 operand 'k' .* must be a trace-time constant"):
+    fn(X, np.int32(2))
+
+
+def legacy_graph_function(example, build, op, inputs=1, **attrs):
+  """A function whose graph holds `op`, an op TF removed from new graphs (GraphDef version too new).
+
+  `build(x)` makes a node named "legacy" with its successor op; the node is retyped to `op`, keeps its
+  first `inputs` inputs and gets `attrs` (None deletes one). TF cannot run it; jaxport converts it.
+  """
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.compat.v1.placeholder(tf.as_dtype(example.dtype), np.shape(example), name="x")
+    outputs = build(x)
+  graph_def = graph.as_graph_def()
+  graph_def.versions.producer = 1
+  node = next(n for n in graph_def.node if n.name == "legacy")
+  node.op = op
+  del node.input[inputs:]
+  for key, value in attrs.items():
+    if value is None:
+      del node.attr[key]
+    else:
+      node.attr[key].CopyFrom(tf.compat.v1.AttrValue(**value))
+  names = [t.name for t in tf.nest.flatten(outputs)]
+  imported = lambda x: tf.graph_util.import_graph_def(graph_def, {"x:0": x}, return_elements=names)
+  fn = tf.compat.v1.wrap_function(imported, [tf.TensorSpec(np.shape(example), example.dtype)])
+  assert op in {n.op for n in fn.graph.as_graph_def().node}
+  return fn
+
+
+def test_top_k_v1_matches_top_k_v2():
+  fn = legacy_graph_function(X, lambda x: raw.TopKV2(input=x, k=2, name="legacy"), "TopK", k={"i": 2},
+                             index_type=None, Tk=None)
+  jax_fn, params = jaxport.convert(fn, X)
+  expected = raw.TopKV2(input=X, k=2)
+  assert_close(jax_fn(params, X)[0], list(expected), 0, 0)
+  assert_close(jax.jit(jax_fn)(params, X)[0], list(expected), 0, 0)
+  batched = jax.vmap(lambda x: jax_fn(params, x)[0])(np.stack([X, M]))
+  assert_close(batched, list(raw.TopKV2(input=np.stack([X, M]), k=2)), 0, 0)
 
 
 def test_top_k_unsorted_as_a_set():
@@ -222,6 +286,10 @@ def test_unique_v2_along_axis():
     ("roll_vector_repeated_axis", lambda x: tf.roll(x, [1, 2, 5], axis=[0, 2, 2]), (X,)),
     ("roll_traced_shift", lambda x, s: tf.roll(x, s, axis=[1, 2]), (X, np.array([1, -3], np.int32))),
     ("invert_permutation", lambda p: tf.math.invert_permutation(p), (np.array([3, 0, 4, 1, 2], np.int32),)),
+    ("ReverseV2", lambda x: raw.ReverseV2(tensor=x, axis=[0, -1]), (X,)),
+    ("ReverseSequence", lambda x: raw.ReverseSequence(input=x, seq_lengths=[4, 0, 2], seq_dim=2, batch_dim=1), (X,)),
+    ("Roll", lambda x, s: raw.Roll(input=x, shift=s, axis=[0, 2]), (X, np.array([1, -3], np.int32))),
+    ("InvertPermutation", lambda p: raw.InvertPermutation(x=p), (np.array([3, 0, 4, 1, 2], np.int64),)),
 ])
 def test_reordering(name, fn, args):
   check(fn, *args)
@@ -279,6 +347,14 @@ def test_matrix_diag_v3_band(align):
   check(lambda x: tf.linalg.diag_part(x, k=(-1, 2), align=align, padding_value=5.0), X)
   check(lambda x: tf.linalg.diag_part(x, k=(-2, -1), align=align), X)
   check(lambda x, d: tf.linalg.set_diag(x, d[:, :2, :3], k=(0, 1), align=align), X, D3)
+
+
+def test_band_and_diagonal_ops_raw():
+  check(lambda x: raw.MatrixBandPart(input=x, num_lower=1, num_upper=0), X)
+  check(lambda d: raw.MatrixDiagV3(diagonal=d, k=[-1, 1], num_rows=-1, num_cols=-1, padding_value=9.0,
+                                   align="RIGHT_LEFT"), D3)
+  check(lambda x: raw.MatrixDiagPartV3(input=x, k=[-1, 2], padding_value=5.0, align="LEFT_RIGHT"), X)
+  check(lambda x, d: raw.MatrixSetDiagV3(input=x, diagonal=d[:, :2, :3], k=[0, 1], align="RIGHT_RIGHT"), X, D3)
 
 
 def test_matrix_diag_single_diagonal():

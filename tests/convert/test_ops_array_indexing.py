@@ -208,6 +208,7 @@ def test_tensor_scatter_with_duplicates(op, grad):
 def test_tensor_scatter_update_unique_indices():
   indices = np.array([[0, 3], [2, 1], [3, 3]], np.int32)
   check(lambda t, i, u: tf.tensor_scatter_nd_update(t, i, u), BASE, indices, UPDATES[:3, 0])
+  check(lambda t, u: raw.TensorScatterUpdate(tensor=t, indices=[[3], [0]], updates=u), BASE, UPDATES[:2])
 
 
 def test_scatter_constant_folds_to_numpy():

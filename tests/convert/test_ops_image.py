@@ -101,6 +101,23 @@ def test_resize_grad(op, flags):
   check(fn, dy, atol=1e-5, rtol=1e-5, grad=False)
 
 
+@pytest.mark.parametrize("op,grad_op", [("ResizeNearestNeighbor", "ResizeNearestNeighborGrad"),
+                                         ("ResizeBilinear", "ResizeBilinearGrad"),
+                                         ("ResizeBicubic", "ResizeBicubicGrad")])
+def test_resize_gradient_emits_its_grad_op(op, grad_op):
+  x, dy = image(2, 5, 6, 3), image(2, 7, 4, 3, seed=1) - 0.5
+
+  def fn(x):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = getattr(RAW, op)(images=x, size=[7, 4], half_pixel_centers=True)
+    return tape.gradient(y, x, output_gradients=dy)
+
+  graph = tf.function(fn).get_concrete_function(x).graph
+  assert grad_op in {o.type for o in graph.get_operations()}
+  check(fn, x, atol=1e-5, rtol=1e-5, grad=False)
+
+
 @pytest.mark.parametrize("kernel_type", ["lanczos3", "keyscubic"])
 def test_scale_and_translate_grad(kernel_type):
   x, dy = image(2, 6, 5, 2), image(2, 4, 9, 2, seed=1) - 0.5

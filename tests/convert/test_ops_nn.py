@@ -418,9 +418,9 @@ def test_depthwise_backprops(case):
 
 
 @pytest.mark.parametrize("is_training", [True, False])
-@pytest.mark.parametrize("op", ["FusedBatchNormGrad", "FusedBatchNormGradV3"])
+@pytest.mark.parametrize("op", ["FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3"])
 def test_fused_batch_norm_grad(op, is_training):
-  forward = "FusedBatchNormV3" if op.endswith("V3") else "FusedBatchNorm"
+  forward = op.replace("Grad", "")
 
   def fn(dy, x, scale, mean, variance):
     outs = getattr(RAW, forward)(x=x, scale=scale, offset=tf.zeros_like(scale), mean=mean, variance=variance,
@@ -432,6 +432,23 @@ def test_fused_batch_norm_grad(op, is_training):
                             reserve_space_2=reserve[1], epsilon=1e-3, is_training=is_training, **extra)[:3]
   x, scale, _, mean, variance = _bn_inputs((2, 3, 4, 3))
   check(fn, normal(*x.shape, seed=9), x, scale, mean, variance, atol=1e-4, rtol=1e-4, grad=False)
+
+
+def test_gradient_of_fused_batch_norm_v2_is_fused_batch_norm_grad_v2():
+  x, scale, offset, _, _ = _bn_inputs((2, 3, 4, 3))
+  dy = normal(*x.shape, seed=9)
+
+  def fn(x, scale, offset):
+    with tf.GradientTape() as tape:
+      tape.watch([x, scale, offset])
+      y = RAW.FusedBatchNormV2(x=x, scale=scale, offset=offset, mean=tf.constant([], tf.float32),
+                               variance=tf.constant([], tf.float32), epsilon=1e-3, is_training=True)[0]
+      loss = tf.reduce_sum(y * dy)
+    return tape.gradient(loss, [x, scale, offset])
+
+  graph = tf.function(fn).get_concrete_function(x, scale, offset).graph
+  assert "FusedBatchNormGradV2" in {op.type for op in graph.get_operations()}
+  check(fn, x, scale, offset, atol=1e-4, rtol=1e-4, grad=False, vmap=False)
 
 
 def test_lrn_grad():

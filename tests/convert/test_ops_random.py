@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 import jaxport
+from test_ops_array import legacy_graph_function
 
 RAW = tf.raw_ops
 N = 4000
@@ -113,11 +114,25 @@ def test_categorical(fn):
   np.testing.assert_allclose(freqs, [[0.2, 0.5, 0.3], [0.7, 0.1, 0.2]], atol=0.03)
 
 
-def test_random_shuffle_permutes_the_first_axis():
+@pytest.mark.parametrize("fn", [lambda x: tf.random.shuffle(x), lambda x: RAW.RandomShuffle(value=x)],
+                         ids=["tf.random.shuffle", "RandomShuffle"])
+def test_random_shuffle_permutes_the_first_axis(fn):
   x = np.arange(20, dtype=np.float32).reshape(10, 2)
-  out = run(lambda x: tf.random.shuffle(x), x)
+  out = run(fn, x)
   assert not np.array_equal(out, x)
   np.testing.assert_array_equal(out[np.argsort(out[:, 0])], x)
+
+
+def test_random_poisson_v1_from_an_old_graph():
+  """RandomPoisson (replaced by RandomPoissonV2 in GraphDef version 25) still converts."""
+  build = lambda r: RAW.RandomPoissonV2(shape=[N], rate=r, dtype=tf.float32, name="legacy")  # noqa: E731
+  fn = legacy_graph_function(np.float32(4.0), build, "RandomPoisson", inputs=2, R=None)
+  jax_fn, params = jaxport.convert(fn, np.float32(4.0))
+  assert jax_fn.requires_rng
+  x = np.asarray(jax.jit(lambda r: jax_fn(params, r, rng=KEY)[0])(np.float32(4.0)))[0]
+  assert x.shape == (N,) and x.dtype == np.float32
+  assert (x == np.round(x)).all() and x.min() >= 0
+  assert_moments(x.astype(np.float64), 4, 2)
 
 
 def test_gamma_broadcasts_alpha_after_shape():
@@ -159,6 +174,33 @@ def test_stateless_equal_seeds_equal_streams_different_seeds_different():
   np.testing.assert_array_equal(same, again)
   np.testing.assert_array_equal(same, v1)   # V1 and V2 (via its key and counter) share the stream
   assert not np.allclose(same, shifted) and not np.allclose(same, swapped)
+
+
+def test_seed_plumbing_get_alg_matches_tf():
+  jax_fn, params = jaxport.convert(lambda: RAW.StatelessRandomGetAlg())
+  out = jax_fn(params)[0]
+  assert out.dtype == np.int32 and int(out) == int(RAW.StatelessRandomGetAlg())
+
+
+def test_seed_plumbing_key_counter_feeds_the_v2_ops():
+  """StatelessRandomGetKeyCounter(Alg) is how tf.random.stateless_* reach the V2 ops; their key and
+  counter stand for the seed (jaxport's, not TF's Philox values), so the V2 ops draw the seed's stream."""
+  def fn(s):
+    key, counter = RAW.StatelessRandomGetKeyCounter(seed=s)
+    key2, counter2, alg2 = RAW.StatelessRandomGetKeyCounterAlg(seed=s)
+    alg = RAW.StatelessRandomGetAlg()
+    return (RAW.StatelessRandomUniformV2(shape=[N], key=key, counter=counter, alg=alg),
+            RAW.StatelessRandomNormalV2(shape=[N], key=key2, counter=counter2, alg=alg2),
+            tf.random.stateless_uniform([N], s), tf.random.stateless_uniform([N], s + 1))
+
+  graph = tf.function(lambda s: tf.random.stateless_uniform([2], s)).get_concrete_function(SEED).graph
+  assert "StatelessRandomGetKeyCounter" in {op.type for op in graph.get_operations()}
+  uniform, normal, same_seed, other_seed = run(fn, SEED)
+  assert uniform.dtype == normal.dtype == np.float32 and uniform.shape == normal.shape == (N,)
+  np.testing.assert_array_equal(uniform, same_seed)
+  assert not np.allclose(uniform, other_seed)
+  assert_moments(uniform.astype(np.float64), 0.5, 12 ** -0.5)
+  assert_moments(normal.astype(np.float64), 0, 1)
 
 
 def test_constant_and_traced_seeds_agree():

@@ -66,3 +66,10 @@ def xla_data_pb2():
   """
   from tensorflow.compiler.xla import xla_data_pb2 as protos
   return protos
+
+
+def ops_with_kernels(device_type: str) -> frozenset[str]:
+  """Every op type with a kernel registered for `device_type`, e.g. "XLA_CPU_JIT"
+  (`tensorflow.python.framework.kernels`; call `register_xla_kernels` first for XLA devices)."""
+  from tensorflow.python.framework import kernels
+  return frozenset(k.op for k in kernels.get_all_registered_kernels().kernel if k.device_type == device_type)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +12,7 @@ from jaxport import config as _config
 from jaxport.convert import custom_gradient
 from jaxport.convert.graph import FuncAttr, GraphFunction, Library, decode_nodes
 from jaxport.convert.interpreter import Runtime, VariableRef, run_function
-from jaxport.convert.registry import Tier, ops_where
+from jaxport.convert.registry import Tier, get_rule, ops_where
 from jaxport.convert.tiers import GRAPH_INPUT_OPS, op_tier
 from jaxport.errors import (DtypeMismatchError, MissingInputError, ShapeMismatchError,
                             SignatureError, UnsupportedOperationsError)
@@ -142,16 +142,26 @@ def _keras_objects(fn) -> list:
   return [obj for obj in found if obj is not None and _is_keras_object(obj)]
 
 
-def _keras_variable_paths(fn) -> dict[int, str]:
-  """Keras 3 names variables by path (`dense/kernel`); map each handle id to its path."""
-  paths = {}
+class KerasVariable(NamedTuple):
+  path: str | None   # Keras 3's variable path (`dense/kernel`); tf_keras leaves naming to TF
+  trainable: bool    # Keras's flag: freezing a layer leaves the tf.Variable's own flag True
+
+
+def _keras_variables(fn) -> dict[int, KerasVariable]:
+  """What Keras knows about the variables of the Keras objects in `fn`, by resource handle id."""
+  found = {}
   for obj in _keras_objects(fn):
+    trainable = {id(h) for h in map(_handle, getattr(obj, "trainable_variables", None) or []) if h is not None}
     for v in getattr(obj, "variables", None) or []:
-      path = getattr(v, "path", None)
-      tf_var = getattr(v, "_value", None)
-      if path and tf_var is not None and hasattr(tf_var, "handle"):
-        paths[id(tf_var.handle)] = path
-  return paths
+      handle = _handle(v)
+      if handle is not None:
+        found[id(handle)] = KerasVariable(getattr(v, "path", None), id(handle) in trainable)
+  return found
+
+
+def _handle(variable):
+  """The resource handle behind a Keras 3 variable (its TF `_value`) or a tf_keras tf.Variable."""
+  return getattr(getattr(variable, "_value", variable), "handle", None)
 
 
 def _is_static_leaf(x) -> bool:
@@ -181,14 +191,14 @@ def _concrete_function(fn, args, kwargs):
   tf = _tf()
   if isinstance(fn, tf.types.experimental.ConcreteFunction):
     return fn, {}
-  paths = _keras_variable_paths(fn)
+  keras_variables = _keras_variables(fn)
   if _is_keras_object(fn) and not hasattr(fn, "get_concrete_function"):
     model = fn
     fn = tf.function(lambda *a, **k: model(*a, **k))
   elif not hasattr(fn, "get_concrete_function"):
     fn = tf.function(fn)
   spec_args, spec_kwargs = tree.map_structure(_to_spec, (tuple(args), dict(kwargs)))
-  return fn.get_concrete_function(*spec_args, **spec_kwargs), paths
+  return fn.get_concrete_function(*spec_args, **spec_kwargs), keras_variables
 
 
 def _path_name(path) -> str:
@@ -200,31 +210,59 @@ def _path_name(path) -> str:
   return name + "".join(f"[{p!r}]" for p in rest[1:])
 
 
-def _op_uses(graph: GraphFunction, library: Library) -> dict[str, list[str]]:
-  """Every op type that can run, with the nodes that use it, across the functions `graph` calls.
+def _live_nodes(graph: GraphFunction, library: Library, missing: dict[str, list[str]] | None = None):
+  """Every node that can run, as `(label, node)`, across the functions `graph` calls.
 
-  A call to a function missing from the library counts as the op `<missing function NAME>`.
+  Calls to functions missing from the library are added to `missing` (name -> callers).
   """
-  uses: dict[str, list[str]] = {}
   seen: set[str] = set()
   pending = [graph]
   while pending:
     fn = pending.pop()
     for node in fn.live_nodes():
-      label = node.name if fn is graph else f"{fn.name}/{node.name}"
-      uses.setdefault(node.op, []).append(label)
+      yield (node.name if fn is graph else f"{fn.name}/{node.name}"), node
       for value in node.attrs.values():
         for f in (value if isinstance(value, list) else [value]):
           if isinstance(f, FuncAttr) and f.name not in seen:
             seen.add(f.name)
             if f.name in library:
               pending.append(library[f.name])
-            else:
-              uses.setdefault(f"<missing function {f.name}>", []).append(node.name)
+            elif missing is not None:
+              missing.setdefault(f.name, []).append(node.name)
       if node.op in library and node.op not in seen:   # direct function-name ops
         seen.add(node.op)
         pending.append(library[node.op])
+
+
+def _op_uses(graph: GraphFunction, library: Library) -> dict[str, list[str]]:
+  """Every op type that can run, with the nodes that use it, across the functions `graph` calls.
+
+  A call to a function missing from the library counts as the op `<missing function NAME>`.
+  """
+  uses: dict[str, list[str]] = {}
+  missing: dict[str, list[str]] = {}
+  for label, node in _live_nodes(graph, library, missing):
+    uses.setdefault(node.op, []).append(label)
+  for name, callers in missing.items():
+    uses.setdefault(f"<missing function {name}>", []).extend(callers)
   return uses
+
+
+def _check_nodes(graphs: list[tuple[GraphFunction, Library]], config) -> None:
+  """Runs the conversion-time check of every live node's rule (`register(..., check=fn)`).
+
+  `graphs` holds `(graph, library)` pairs: the function and its custom gradients.
+  """
+  for graph, library in graphs:
+    for label, node in _live_nodes(graph, library):
+      rule = get_rule(node.op)
+      if rule is None or rule.check is None or node.op in library or op_tier(node.op, config) != rule.tier:
+        continue
+      try:
+        rule.check(node)
+      except Exception as e:
+        e.add_note(f"while converting {node.op} node {label!r}")
+        raise
 
 
 def _unsupported(uses: dict[str, list[str]], library: Library, config) -> dict[str, list[str]]:
@@ -236,9 +274,9 @@ def _unsupported(uses: dict[str, list[str]], library: Library, config) -> dict[s
 class _ParamCollector:
   """Names each captured tf.Variable once and collects its value into `params`."""
 
-  def __init__(self, cf, keras_paths: dict[int, str]):
+  def __init__(self, cf, keras_variables: dict[int, KerasVariable]):
     self._variables = {id(v.handle): v for v in cf.variables}
-    self._keras_paths = keras_paths
+    self._keras_variables = keras_variables
     self._refs: dict[int, VariableRef] = {}
     self.params: dict[str, Variable] = {}
     self.tf_variables: dict = {}
@@ -252,11 +290,13 @@ class _ParamCollector:
       if var is None:
         raise TypeError(f"{what} is not a tf.Variable (tables and iterators cannot be converted); "
                         "pass its contents as an input instead")
-      key = base = self._keras_paths.get(id(handle)) or var.name.split(":")[0]
+      keras = self._keras_variables.get(id(handle))
+      key = base = (keras and keras.path) or var.name.split(":")[0]
       n = 1
       while key in self.params:
         key, n = f"{base}_{n}", n + 1
-      self.params[key] = Variable(var.numpy(), name=var.name, trainable=var.trainable)
+      trainable = keras.trainable if keras else var.trainable
+      self.params[key] = Variable(var.numpy(), name=var.name, trainable=trainable)
       self.tf_variables[key] = var
       self._refs[id(handle)] = VariableRef(key)
     return self._refs[id(handle)]
@@ -290,7 +330,7 @@ def unsupported_in_concrete(cf) -> dict[str, list[str]]:
   return _unsupported(_op_uses(graph, library), library, _config.snapshot())
 
 
-def _from_concrete(cf, keras_paths: dict[int, str], input_structure, static_leaves) -> tuple[ConvertedFunction, dict]:
+def _from_concrete(cf, keras_variables: dict[int, KerasVariable], input_structure, static_leaves) -> tuple[ConvertedFunction, dict]:
   tf = _tf()
   conf = _config.snapshot()
   graph, library, output_leaves = _decode_graph(cf)
@@ -298,7 +338,7 @@ def _from_concrete(cf, keras_paths: dict[int, str], input_structure, static_leav
   user_inputs, captured_inputs = cf.inputs[:n_user], cf.inputs[n_user:]
 
   # Captured inputs: variables become params, captured tensors become constants.
-  collector = _ParamCollector(cf, keras_paths)
+  collector = _ParamCollector(cf, keras_variables)
   by_internal = {id(internal): external for external, internal in cf.graph.captures}
   captures = []
   for internal in captured_inputs:
@@ -317,6 +357,7 @@ def _from_concrete(cf, keras_paths: dict[int, str], input_structure, static_leav
   missing = _unsupported(uses, library, conf)
   if missing:
     raise UnsupportedOperationsError(missing)
+  _check_nodes([(graph, library)] + [(g.graph, g.library) for g in custom_gradients.values()], conf)
 
   specs = []
   leaf_paths = [p for i, (p, _) in enumerate(tree.flatten_with_path(input_structure)) if i not in static_leaves]
@@ -354,9 +395,9 @@ def convert(fn: Callable, *args, **kwargs) -> tuple[ConvertedFunction, dict[str,
   Returns `(jax_fn, params)` where `jax_fn(params, *args, rng=None, **kwargs)`
   returns `(outputs, new_params)`.
   """
-  cf, paths = _concrete_function(fn, args, kwargs)
+  cf, keras_variables = _concrete_function(fn, args, kwargs)
   structure = (tuple(args), dict(kwargs))
-  return _from_concrete(cf, paths, structure, _static_leaf_indices(args, kwargs))
+  return _from_concrete(cf, keras_variables, structure, _static_leaf_indices(args, kwargs))
 
 
 def _functional(jax_fn: ConvertedFunction, params: dict):

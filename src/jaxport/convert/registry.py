@@ -33,6 +33,7 @@ class OpRule:
   stateful: bool = False         # has effects beyond its outputs (asserts, prints, state)
   structural: bool = False       # works on graph structure (functions, resources, lists, gradients)
   tier: Tier = Tier.NATIVE
+  check: Callable | None = None  # check(node) at conversion time: raises when the node cannot run
 
   def __call__(self, ctx, *inputs):
     return self.fn(ctx, *inputs)
@@ -42,16 +43,22 @@ _RULES: dict[str, OpRule] = {}
 
 
 def register(*op_types: str, needs_rng: bool = False, writes_state: bool = False,
-             stateful: bool = False, structural: bool = False, tier: Tier = Tier.NATIVE):
-  """Registers the decorated `fn(ctx, *inputs)` for each of `op_types` (literal op names)."""
+             stateful: bool = False, structural: bool = False, tier: Tier = Tier.NATIVE,
+             check: Callable | None = None):
+  """Registers the decorated `fn(ctx, *inputs)` for each of `op_types` (literal op names).
+
+  `check(node)`, when given, runs at conversion time for every node of these types that
+  can run, and raises when the node cannot (e.g. an op inside an embedded module).
+  """
   def decorator(fn: Callable) -> Callable:
-    for op in op_types:
+    for op in op_types:   # check all first: a refused registration registers nothing
       if op in _RULES:
         old = _RULES[op].fn
         raise ValueError(f"op {op!r} already has a rule: {old.__module__}.{old.__qualname__}")
+    for op in op_types:
       _RULES[op] = OpRule(op, fn, needs_rng=needs_rng, writes_state=writes_state,
                           stateful=stateful or writes_state or needs_rng, structural=structural,
-                          tier=tier)
+                          tier=tier, check=check)
     return fn
   return decorator
 

@@ -24,6 +24,7 @@ GRAPH_INPUT_OPS = frozenset({"Placeholder", "_Arg"})
 def _kernel_devices(op_type: str) -> frozenset[str]:
   """The device types TF registers kernels for `op_type` on (empty when TF does not know it)."""
   from jaxport.convert import _tf_compat
+  _tf_compat.register_xla_kernels()   # TF registers its XLA kernels lazily
   return _tf_compat.kernel_devices(op_type)
 
 
