@@ -4,7 +4,16 @@ For each model: conversion time, first-call compile time, steady-state jit run
 time, and TF's `tf.function` and `jit_compile=True` times. Prints a table, checks
 the targets, and writes benchmarks/out/convert_bench.png.
 
-  python benchmarks/convert_bench.py [--batch 4] [--repeats 5] [--models ResNet50,LSTM]
+The jax2tf row: a Flax ResNet exported with `jax2tf.convert` (one XlaCallModule) and
+converted back by jaxport's StableHLO interpreter, against the original JAX function
+(compile and steady-state run time; target: run time within 5%).
+
+The load row: a ResNet50 exported as a TF-free artifact (`jaxport.export`), timed from
+`jaxport.load` to the end of its first jit call, against converting it again from its
+SavedModel (`tf.saved_model.load` + `jaxport.convert_from_restored` + first jit call).
+
+  python benchmarks/convert_bench.py [--batch 4] [--repeats 5] [--models ResNet50,LSTM] [--jax2tf-only]
+                                     [--load-only]
 """
 from __future__ import annotations
 
@@ -38,6 +47,8 @@ def main() -> None:
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--models", default="ResNet50,MobileNetV2,EfficientNetB0,InceptionV3,LSTM")
   parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "out"))
+  parser.add_argument("--jax2tf-only", action="store_true", help="run only the jax2tf round-trip row")
+  parser.add_argument("--load-only", action="store_true", help="run only the artifact load row")
   args = parser.parse_args()
 
   from rich.console import Console
@@ -46,6 +57,14 @@ def main() -> None:
   from jaxport.profiling import profile
 
   console = Console(width=None if sys.stdout.isatty() else 170)
+  with console.status("ResNet50 artifact: export, load and first call vs converting again..."):
+    load_row(console, args.batch, args.repeats)
+  if args.load_only:
+    return
+  with console.status("jax2tf round trip of a Flax ResNet..."):
+    jax2tf_row(console, args.batch, args.repeats)
+  if args.jax2tf_only:
+    return
   results = []
   for name in args.models.split(","):
     with console.status(f"{name}: building, converting, compiling, timing..."):
@@ -79,6 +98,149 @@ def main() -> None:
   out.mkdir(parents=True, exist_ok=True)
   plot(results, out / "convert_bench.png")
   console.print(f"plot written to {out / 'convert_bench.png'}")
+
+
+def flax_resnet():
+  """A small ResNet (basic blocks, BatchNorm in inference mode) written with flax.linen."""
+  import flax.linen as nn
+
+  class Block(nn.Module):
+    features: int
+    strides: int = 1
+
+    @nn.compact
+    def __call__(self, x):
+      norm = lambda: nn.BatchNorm(use_running_average=True)
+      y = nn.relu(norm()(nn.Conv(self.features, (3, 3), self.strides, use_bias=False)(x)))
+      y = norm()(nn.Conv(self.features, (3, 3), use_bias=False)(y))
+      if x.shape[-1] != self.features or self.strides != 1:
+        x = norm()(nn.Conv(self.features, (1, 1), self.strides, use_bias=False)(x))
+      return nn.relu(x + y)
+
+  class ResNet(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      x = nn.relu(nn.BatchNorm(use_running_average=True)(nn.Conv(32, (7, 7), 2, use_bias=False)(x)))
+      x = nn.max_pool(x, (3, 3), (2, 2), padding="SAME")
+      for i, features in enumerate((32, 64, 128, 256)):
+        x = Block(features, 1 if i == 0 else 2)(x)
+        x = Block(features)(x)
+      return nn.Dense(10)(x.mean(axis=(1, 2)))
+
+  return ResNet()
+
+
+def jax2tf_row(console, batch: int, repeats: int) -> None:
+  """Times the original JAX ResNet against its jax2tf export converted back by jaxport."""
+  import time
+
+  import jax
+  import tensorflow as tf
+  from jax.experimental import jax2tf
+  from rich.table import Table
+
+  import jaxport
+  from jaxport.profiling import max_abs_error, median_time
+
+  model = flax_resnet()
+  x = np.random.RandomState(0).normal(size=(batch, 112, 112, 3)).astype(np.float32)
+  variables = model.init(jax.random.key(0), x)
+  original = jax.jit(lambda v, x: model.apply(v, x))
+  start = time.perf_counter()
+  compiled_original = original.lower(variables, x).compile()
+  original_compile_s = time.perf_counter() - start
+  original_s = median_time(lambda: compiled_original(variables, x), repeats)
+
+  # The export closes over the weights, as a SavedModel of a JAX model does.
+  tf_fn = tf.function(jax2tf.convert(lambda x: model.apply(variables, x)), autograph=False)
+  start = time.perf_counter()
+  jax_fn = jaxport.convert_functional(tf_fn, x)
+  convert_s = time.perf_counter() - start
+  converted = jax.jit(jax_fn)
+  start = time.perf_counter()
+  compiled = converted.lower(x).compile()
+  compile_s = time.perf_counter() - start
+  converted_s = median_time(lambda: compiled(x), repeats)
+  error = max_abs_error(compiled(x), compiled_original(variables, x))
+
+  table = Table(title=f"jax2tf round trip: Flax ResNet, batch {batch}, 112x112, CPU, medians of {repeats}")
+  for col in ["", "convert s", "compile s", "run ms", "run / original", "max abs err"]:
+    table.add_column(col, justify="right" if col else "left")
+  table.add_row("original JAX", "-", f"{original_compile_s:.2f}", f"{original_s * 1e3:.1f}", "1.00x", "-")
+  table.add_row("jax2tf → jaxport", f"{convert_s:.2f}", f"{compile_s:.2f}", f"{converted_s * 1e3:.1f}",
+                f"{converted_s / original_s:.2f}x", f"{error:.1e}")
+  console.print(table)
+  ok = converted_s <= 1.05 * original_s
+  console.print(f"[{'green' if ok else 'red'}]{'PASS' if ok else 'MISS'}[/] jax2tf round trip: run time within 5% "
+                "of the original JAX function")
+
+
+def load_row(console, batch: int, repeats: int) -> None:
+  """ResNet50: `jaxport.load` of its artifact + first jit call vs converting it again from its SavedModel."""
+  import tempfile
+  import time
+
+  import jax
+  import keras
+  import tensorflow as tf
+  from rich.table import Table
+
+  import jaxport
+  from jaxport.artifact import example_inputs
+  from jaxport.profiling import max_abs_error, median_time
+
+  keras.utils.set_random_seed(0)
+  model = keras.applications.ResNet50(weights=None)
+  x = np.random.RandomState(0).uniform(0, 255, size=(batch, 224, 224, 3)).astype(np.float32)
+  rows = {}
+  with tempfile.TemporaryDirectory() as tmp:
+    saved, artifact = os.path.join(tmp, "saved"), os.path.join(tmp, "artifact")
+    module = tf.Module()
+    module.model = model
+    module.serve = tf.function(lambda images: model(images, training=False),
+                               input_signature=[tf.TensorSpec([None, 224, 224, 3], tf.float32)])
+    tf.saved_model.save(module, saved, signatures={"serving_default": module.serve})
+    restored = tf.saved_model.load(saved)   # keep it: its variables live as long as it does
+    jax_fn, params = jaxport.convert_from_restored(restored.signatures["serving_default"])
+    args, kwargs = example_inputs(jax_fn, batch)
+    start = time.perf_counter()
+    jaxport.export(jax_fn, params, *args, path=artifact, platforms=("cpu", "cuda"), **kwargs)
+    export_s = time.perf_counter() - start
+    size = sum(os.path.getsize(os.path.join(artifact, f)) for f in os.listdir(artifact))
+    del jax_fn, params, restored
+    kept = []
+
+    def convert_again():
+      kept.append(tf.saved_model.load(saved))
+      return jaxport.convert_from_restored(kept[-1].signatures["serving_default"])
+
+    def first_call(prepare):
+      start = time.perf_counter()
+      fn, p = prepare()
+      prepared = time.perf_counter() - start
+      jitted = jax.jit(lambda p, images: fn(p, images=images)[0])
+      out = jax.block_until_ready(jitted(p, x))
+      total = time.perf_counter() - start
+      return prepared, total - prepared, median_time(lambda: jitted(p, x), repeats), out
+
+    rows["artifact: jaxport.load"] = first_call(lambda: jaxport.load(artifact))
+    rows["SavedModel: load + convert_from_restored"] = first_call(convert_again)
+
+  table = Table(title=f"load row: ResNet50, batch {batch}, CPU (export {export_s:.1f} s, artifact "
+                      f"{size / 1e6:.0f} MB, platforms cpu+cuda)")
+  for col in ["", "load / convert s", "first jit call s", "to first result s", "run ms", "vs converting again"]:
+    table.add_column(col, justify="right" if col else "left")
+  again = sum(rows["SavedModel: load + convert_from_restored"][:2])
+  for name, (prepared, first, run_s, _) in rows.items():
+    table.add_row(name, f"{prepared:.2f}", f"{first:.2f}", f"{prepared + first:.2f}", f"{run_s * 1e3:.1f}",
+                  f"{(prepared + first) / again:.2f}x")
+  console.print(table)
+  outs = [r[3] for r in rows.values()]
+  console.print(f"max abs difference, artifact vs converted: {max_abs_error(outs[0], outs[1]):.1e}")
+  loaded_s = sum(rows["artifact: jaxport.load"][:2])
+  ok = loaded_s < again
+  console.print(f"[{'green' if ok else 'red'}]{'PASS' if ok else 'MISS'}[/] load row: an artifact reaches its first "
+                "result sooner than converting the SavedModel again")
 
 
 def plot(results, path) -> None:

@@ -1,12 +1,17 @@
 """jaxport: move TensorFlow work into JAX.
 
 `import jaxport as tf2jax` works for code written against tf2jax.
+
+`jaxport.flax` (converted functions as Flax NNX modules) is optional: it is imported only by
+`import jaxport.flax` and needs `pip install 'jaxport[flax]'`.
 """
+from jaxport.artifact import LoadedFunction, export, load
 from jaxport.config import get_config, override_config, update_config
 from jaxport.convert import (ConvertedFunction, Variable, convert, convert_from_restored,
                              convert_functional, convert_functional_from_restored,
                              get_unsupported_operations)
-from jaxport.errors import (AssertionFailedError, DeviceMismatchError, DtypeMismatchError, JaxportError,
+from jaxport.convert.inspect import InspectReport, inspect
+from jaxport.errors import (ArtifactError, AssertionFailedError, DeviceMismatchError, DtypeMismatchError, JaxportError,
                             MissingInputError, ShapeMismatchError, ShardedArrayError, SignatureError,
                             StableHLOError, UnsupportedOperationsError, ZeroCopyError)
 from jaxport.interop import shares_memory, to_cupy, to_jax, to_numpy, to_tf, to_torch
@@ -15,6 +20,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "convert", "convert_functional", "convert_from_restored", "convert_functional_from_restored",
+    "inspect", "InspectReport",
+    "export", "load", "LoadedFunction", "ArtifactError",
     "get_unsupported_operations", "get_config", "update_config", "override_config",
     "MissingInputError", "UnsupportedOperationsError", "ShapeMismatchError", "DtypeMismatchError",
     "SignatureError", "JaxportError", "ConvertedFunction", "Variable",

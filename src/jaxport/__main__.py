@@ -1,0 +1,6 @@
+"""`python -m jaxport`: the `jaxport` command."""
+import sys
+
+from jaxport.cli import main
+
+sys.exit(main())

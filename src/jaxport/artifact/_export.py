@@ -1,0 +1,298 @@
+"""`jaxport.export`: a converted function lowered once through `jax.export`, written with its params.
+
+The exported function takes one flat list of arrays, in this order (the manifest's
+`calling_convention` says the same):
+
+1. the params, in the manifest's `params` order (the order of the `params` dict);
+2. the array leaves of `(args, kwargs)`, in the order of `inputs.leaves` (dict keys sorted);
+3. the rng key's data (`jax.random.key_data`, uint32), when the function draws random numbers.
+
+It returns the array leaves of the outputs (`outputs.leaves`), then the new values of the
+params it updates (`state_outputs`, e.g. BatchNorm moving statistics in training mode).
+Params it only reads are not returned: `load` passes them through.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxport.artifact import _manifest as mf
+from jaxport.artifact._structure import Structure, encode
+from jaxport.errors import ArtifactError, JaxportError, ShapeMismatchError
+
+CALLING_CONVENTION = ("flat inputs: params (in `params` order), the array leaves of (args, kwargs) (in "
+                      "`inputs.leaves` order), then the rng key data when `rng` is set; flat outputs: the array "
+                      "leaves of the outputs (in `outputs.leaves` order), then the new values of `state_outputs`")
+
+
+@dataclasses.dataclass
+class LoweredArtifact:
+  """A function lowered by `lower`, ready to `write`: `exported` is its `jax.export.Exported`."""
+  exported: Any
+  serialized: bytes
+  arrays: dict[str, np.ndarray]
+  manifest: dict[str, Any]
+
+  def write(self, path: str | os.PathLike) -> dict[str, Any]:
+    """Writes the artifact directory (created if needed); returns the manifest written."""
+    path = os.fspath(path)
+    manifest_path = os.path.join(path, mf.MANIFEST)
+    if os.path.exists(path) and not os.path.isdir(path):
+      raise ArtifactError(f"{path} is a file; pass a new or empty directory (or an artifact to replace).")
+    os.makedirs(path, exist_ok=True)
+    if os.listdir(path) and not os.path.exists(manifest_path):
+      raise ArtifactError(f"{path} is a directory that holds other files and no {mf.MANIFEST}; pass a new or "
+                          "empty directory, or an earlier artifact to replace.")
+    if os.path.exists(manifest_path):
+      os.remove(manifest_path)   # an interrupted rewrite leaves no manifest that lists stale files
+    import safetensors.numpy
+    payloads = {mf.FUNCTION_FILE: self.serialized,
+                mf.PARAMS_FILE: safetensors.numpy.save(self.arrays, metadata={"format": mf.FORMAT})}
+    files = {}
+    for name, data in payloads.items():
+      _write_file(os.path.join(path, name), data)
+      files[name] = {"sha256": mf.sha256_bytes(data), "bytes": len(data)}
+    manifest = dict(self.manifest, files=files)
+    _write_file(manifest_path, (json.dumps(manifest, indent=1) + "\n").encode())
+    return manifest
+
+
+def _write_file(path: str, data: bytes) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "wb") as f:
+    f.write(data)
+  os.replace(tmp, path)
+
+
+def export(jax_fn: Callable, params: dict, *example_args, path: str | os.PathLike,
+           platforms: tuple[str, ...] = ("cpu", "cuda"), batch_polymorphic: bool = False,
+           **example_kwargs) -> dict[str, Any]:
+  """Writes `jax_fn` (a converted function) and `params` to the directory `path`; returns the manifest.
+
+  `example_args`/`example_kwargs` give the input shapes and dtypes (arrays, `jax.ShapeDtypeStruct`s,
+  `tf.TensorSpec`s); without any, those `jaxport.convert` traced with are used. Non-array leaves (bools,
+  strings, None) are fixed at export. `platforms` are lowered together into one module. With
+  `batch_polymorphic=True` the leading dim of every input (of rank 1 and up) is the symbolic `b`.
+  `jaxport.load(path)` gives the function back, without TensorFlow.
+  """
+  return lower(jax_fn, params, *example_args, platforms=platforms, batch_polymorphic=batch_polymorphic,
+               **example_kwargs).write(path)
+
+
+def lower(jax_fn: Callable, params: dict, *example_args, platforms: tuple[str, ...] = ("cpu", "cuda"),
+          batch_polymorphic: bool = False, **example_kwargs) -> LoweredArtifact:
+  """What `export` does before writing: checks, traces and lowers `jax_fn` (see `export`)."""
+  platforms = tuple(p.lower() for p in ([platforms] if isinstance(platforms, str) else platforms))
+  if not platforms:
+    raise ArtifactError("platforms is empty; pass the platforms to lower for, e.g. ('cpu', 'cuda').")
+  report = conversion_report(jax_fn)
+  callbacks = [row["op"] for row in (report or {}).get("rows", []) if row["tier"] == "callback"]
+  if callbacks:
+    raise ArtifactError(f"ops {', '.join(callbacks)} run in TensorFlow through host callbacks (tier 3), which "
+                        "cannot be exported; check `jaxport inspect`, then add native rules for them or "
+                        "rewrite the model to avoid them.")
+  if not example_args and not example_kwargs and hasattr(jax_fn, "_input_structure"):
+    example_args, example_kwargs = jax_fn._input_structure
+  keys = list(params)
+  bad = [repr(k) for k, v in params.items() if not isinstance(k, str) or not hasattr(v, "dtype")]
+  if bad:
+    raise ArtifactError(f"params must be a flat dict of arrays keyed by name (as jaxport.convert returns them); "
+                        f"these entries are not: {', '.join(bad[:5])}.")
+  arrays = {k: np.ascontiguousarray(np.asarray(v), jax.dtypes.canonicalize_dtype(np.asarray(v).dtype))
+            for k, v in params.items()}
+  dtypes = {k: mf.dtype_name(a.dtype) for k, a in arrays.items()}
+  flags = getattr(jax_fn, "trainable", None) or {}
+  trainable = {k: bool(flags.get(k, getattr(params[k], "trainable", True))) for k in keys}
+
+  in_node, in_leaves, in_paths = encode((tuple(example_args), dict(example_kwargs)), _is_input_array, "")
+  input_structure = Structure.read(in_node, len(in_leaves), ArtifactError, "inputs")
+  batch = jax.export.symbolic_shape(mf.BATCH_DIM)[0] if batch_polymorphic else None
+  in_specs = [_input_spec(x, p, batch) for x, p in zip(in_leaves, in_paths)]
+  requires_rng = bool(getattr(jax_fn, "requires_rng", False))
+  key_data = jax.random.key_data(jax.random.key(0))
+  rng_impl = str(jax.random.key_impl(jax.random.key(0)))
+  param_specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays.values()]
+  specs = param_specs + in_specs + ([jax.ShapeDtypeStruct(key_data.shape, key_data.dtype)] if requires_rng else [])
+  name = str(getattr(jax_fn, "__name__", "function"))
+  n_params, n_inputs = len(keys), len(in_specs)
+  recorded: dict[str, Any] = {}
+
+  def flat_fn(state_keys, *flat):
+    p = dict(zip(keys, flat[:n_params]))
+    args, kwargs = input_structure.unflatten(list(flat[n_params:n_params + n_inputs]))
+    rng = jax.random.wrap_key_data(flat[-1], impl=rng_impl) if requires_rng else None
+    outputs, new_params = jax_fn(p, *args, rng=rng, **kwargs)
+    node, leaves, paths = encode(outputs, _is_output_array, "outputs")
+    recorded.update(node=node, paths=paths)
+    return (tuple(jnp.asarray(x) for x in leaves)
+            + tuple(jnp.asarray(new_params[k], arrays[k].dtype) for k in state_keys))
+
+  try:
+    state_keys = _updated_params(flat_fn, keys, specs)
+    exported = jax.export.export(jax.jit(lambda *flat: flat_fn(state_keys, *flat)), platforms=platforms)(*specs)
+  except ShapeMismatchError as e:
+    if not batch_polymorphic:
+      raise
+    raise ArtifactError(f"{e} A batch-polymorphic export needs a function converted with an unknown batch dim: "
+                        "convert with tf.TensorSpec([None, ...]) inputs (Keras models: model.input's specs).") from e
+  except JaxportError:
+    raise
+  except Exception as e:
+    if batch_polymorphic and type(e).__name__ == "InconclusiveDimensionOperation":
+      where = "; ".join(n for n in getattr(e, "__notes__", ()) if n.startswith("while converting"))
+      raise ArtifactError(f"{name} cannot be exported with a symbolic batch dim: {where or 'an op'} needs a "
+                          f"concrete size ({_first_line(e)}); export without batch_polymorphic, one artifact "
+                          "per batch size.") from e
+    raise ArtifactError(f"jax.export cannot lower {name} for {', '.join(platforms)} ({type(e).__name__}: "
+                        f"{_first_line(e)}); export for fewer platforms (e.g. platforms=('cpu',))"
+                        + (" or without batch_polymorphic" if batch_polymorphic else "") + ".") from e
+  try:
+    serialized, vjp_order = exported.serialize(vjp_order=1), 1
+  except Exception:   # not reverse-differentiable as JAX sees it; load's interpreter may still be
+    serialized, vjp_order = exported.serialize(vjp_order=0), 0
+
+  out_avals = exported.out_avals
+  n_out = len(out_avals) - len(state_keys)
+  outputs = [mf.ArraySpec(p, _shape(a.shape), np.dtype(a.dtype)) for p, a in zip(recorded["paths"], out_avals[:n_out])]
+  inputs = [mf.ArraySpec(p, _shape(s.shape), np.dtype(s.dtype)) for p, s in zip(in_paths, in_specs)]
+  for spec in [*inputs, *outputs]:
+    mf.dtype_name(spec.dtype)
+  manifest = {
+      "format": mf.FORMAT, "format_version": mf.FORMAT_VERSION, "name": name,
+      "calling_convention": CALLING_CONVENTION,
+      "platforms": list(exported.platforms), "batch_polymorphic": bool(batch_polymorphic), "vjp_order": vjp_order,
+      "params": [{"name": k, "shape": list(a.shape), "dtype": dtypes[k], "trainable": trainable[k]}
+                 for k, a in arrays.items()],
+      "inputs": {"structure": in_node, "leaves": [s.to_json() for s in inputs]},
+      "rng": ({"impl": rng_impl, "shape": list(key_data.shape), "dtype": "uint32"} if requires_rng else None),
+      "outputs": {"structure": recorded["node"], "leaves": [s.to_json() for s in outputs]},
+      "state_outputs": list(state_keys),
+      "conversion": report,
+      "made_by": _versions(),
+  }
+  return LoweredArtifact(exported, bytes(serialized), arrays, manifest)
+
+
+def _updated_params(flat_fn, keys: list[str], specs: list) -> list[str]:
+  """The params whose new value is not simply the value passed in (found in the jaxpr)."""
+  closed = jax.make_jaxpr(lambda *flat: flat_fn(keys, *flat))(*specs)
+  invars, outvars = closed.jaxpr.invars, closed.jaxpr.outvars
+  first = len(outvars) - len(keys)
+  return [k for i, k in enumerate(keys) if outvars[first + i] is not invars[i]]
+
+
+def _is_input_array(x) -> bool:
+  return not isinstance(x, (type(None), bool, str, bytes))
+
+
+def _is_output_array(x) -> bool:
+  return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+def _dims(shape) -> list | None:
+  """The dims of a shape (a tf.TensorShape too) as a list with None for unknown ones; None: unknown rank."""
+  if getattr(shape, "rank", 0) is None:
+    return None
+  return list(shape.as_list() if hasattr(shape, "as_list") else shape)
+
+
+def _input_spec(x, path: str, batch) -> jax.ShapeDtypeStruct:
+  """The shape and dtype of an example input leaf (array, ShapeDtypeStruct, TensorSpec, Python number)."""
+  if isinstance(x, float):
+    shape, dtype = [], np.float32
+  elif isinstance(x, int):
+    shape, dtype = [], np.int32
+  elif hasattr(x, "shape") and hasattr(x, "dtype"):
+    shape, dtype = _dims(x.shape), getattr(x.dtype, "as_numpy_dtype", x.dtype)
+    if shape is None:
+      raise ShapeMismatchError(f"input {path} has an unknown rank; pass an example array (or a "
+                               "jax.ShapeDtypeStruct) of the shape to export to jaxport.export.")
+  else:
+    arr = np.asarray(x)
+    shape, dtype = list(arr.shape), arr.dtype
+  if batch is not None and shape:
+    shape[0] = batch
+  if any(d is None for d in shape):
+    raise ShapeMismatchError(
+        f"input {path} has unknown dims {tuple(shape)}; an export needs concrete shapes: pass example arrays "
+        "(or jax.ShapeDtypeStruct) to jaxport.export, or batch_polymorphic=True when only the leading dim is unknown.")
+  dtype = jax.dtypes.canonicalize_dtype(np.dtype(dtype))
+  mf.dtype_name(dtype)
+  return jax.ShapeDtypeStruct(tuple(shape), dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExampleSpec:
+  """An example input's shape (None: unknown) and dtype, as `example_inputs` gives them."""
+  shape: tuple
+  dtype: Any
+
+
+def example_inputs(jax_fn, batch: int = 1) -> tuple[tuple, dict]:
+  """The example `(args, kwargs)` a converted function was traced with, an unknown leading dim set to
+  `batch` (how `jaxport convert` exports a model whose input specs leave the batch dim free)."""
+  import tree
+  args, kwargs = getattr(jax_fn, "_input_structure", ((), {}))
+
+  def fix(x):
+    if not (_is_input_array(x) and hasattr(x, "shape") and hasattr(x, "dtype")):
+      return x
+    shape = _dims(x.shape)
+    if shape is None:
+      return x
+    if shape and shape[0] is None:
+      shape[0] = batch
+    return ExampleSpec(tuple(shape), np.dtype(getattr(x.dtype, "as_numpy_dtype", x.dtype)))
+  return tree.map_structure(fix, (tuple(args), dict(kwargs)))
+
+
+def conversion_report(jax_fn) -> dict[str, Any] | None:
+  """`jaxport.inspect`'s report of a converted function (tiers under the config at conversion), as a dict."""
+  graph, library, conf = (getattr(jax_fn, a, None) for a in ("_graph", "_library", "_config"))
+  if graph is None or library is None or conf is None:
+    return None
+  from jaxport.convert import api
+  from jaxport.convert import inspect as inspect_mod
+  from jaxport.convert.registry import Tier
+  from jaxport.convert.tiers import GRAPH_INPUT_OPS, op_tier
+  modules = [node for _, node in api._live_nodes(graph, library) if node.op == "XlaCallModule"]
+  rows = []
+  for op, labels in api._op_uses(graph, library).items():
+    if op in GRAPH_INPUT_OPS:
+      continue
+    examples = tuple(labels[:3])
+    if op in library:
+      rows.append(inspect_mod.OpRow(op, Tier.NATIVE, len(labels), examples, note="function call, inlined"))
+    elif op == "XlaCallModule":
+      rows.append(inspect_mod._xla_call_module_row(op_tier(op, conf), labels, modules))
+    else:
+      tier = Tier.UNSUPPORTED if op.startswith("<missing function") else op_tier(op, conf)
+      rows.append(inspect_mod.OpRow(op, tier, len(labels), examples))
+  rows.sort(key=lambda r: (inspect_mod.TIER_ORDER.index(r.tier), r.op))
+  return inspect_mod.InspectReport(str(getattr(jax_fn, "__name__", "function")), tuple(rows)).to_dict()
+
+
+def _versions() -> dict[str, str | None]:
+  import jaxlib
+
+  import jaxport
+  tf = sys.modules.get("tensorflow")   # set when TF made the function; never imported here
+  return {"jaxport": jaxport.__version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+          "tensorflow": getattr(tf, "__version__", None),
+          "python": ".".join(map(str, sys.version_info[:3]))}
+
+
+def _shape(shape) -> list:
+  return [d if isinstance(d, int) else str(d) for d in shape]
+
+
+def _first_line(error: BaseException, limit: int = 200) -> str:
+  text = (str(error).strip().splitlines() or [""])[0]
+  return text if len(text) <= limit else text[:limit - 3] + "..."
