@@ -12,8 +12,11 @@ The load row: a ResNet50 exported as a TF-free artifact (`jaxport.export`), time
 `jaxport.load` to the end of its first jit call, against converting it again from its
 SavedModel (`tf.saved_model.load` + `jaxport.convert_from_restored` + first jit call).
 
-  python benchmarks/convert_bench.py [--batch 4] [--repeats 5] [--models ResNet50,LSTM] [--jax2tf-only]
-                                     [--load-only]
+The tier-2 row: conversion-time cost per node of TF's XLA lowering, for ops without a
+native rule.
+
+  python benchmarks/convert_bench.py [--batch 4] [--repeats 5] [--models ResNet50,LSTM]
+                                     [--sections tier2,jax2tf,load,models]
 """
 from __future__ import annotations
 
@@ -47,9 +50,11 @@ def main() -> None:
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--models", default="ResNet50,MobileNetV2,EfficientNetB0,InceptionV3,LSTM")
   parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "out"))
-  parser.add_argument("--jax2tf-only", action="store_true", help="run only the jax2tf round-trip row")
-  parser.add_argument("--load-only", action="store_true", help="run only the artifact load row")
+  parser.add_argument("--sections", default="tier2,jax2tf,load,models",
+                      help="comma-separated: tier2 (lowering cost per node), jax2tf (round trip), "
+                           "load (artifact vs SavedModel), models (Keras applications vs TF)")
   args = parser.parse_args()
+  sections = set(args.sections.split(","))
 
   from rich.console import Console
   from rich.table import Table
@@ -57,13 +62,16 @@ def main() -> None:
   from jaxport.profiling import profile
 
   console = Console(width=None if sys.stdout.isatty() else 170)
-  with console.status("ResNet50 artifact: export, load and first call vs converting again..."):
-    load_row(console, args.batch, args.repeats)
-  if args.load_only:
-    return
-  with console.status("jax2tf round trip of a Flax ResNet..."):
-    jax2tf_row(console, args.batch, args.repeats)
-  if args.jax2tf_only:
+  if "tier2" in sections:
+    with console.status("tier 2: lowering ops through TF's XLA lowering..."):
+      tier2_row(console)
+  if "jax2tf" in sections:
+    with console.status("jax2tf round trip of a Flax ResNet..."):
+      jax2tf_row(console, args.batch, args.repeats)
+  if "load" in sections:
+    with console.status("ResNet50 artifact: export, load and first call vs converting again..."):
+      load_row(console, args.batch, args.repeats)
+  if "models" not in sections:
     return
   results = []
   for name in args.models.split(","):
@@ -128,6 +136,48 @@ def flax_resnet():
       return nn.Dense(10)(x.mean(axis=(1, 2)))
 
   return ResNet()
+
+
+def tier2_row(console) -> None:
+  """Conversion-time cost of tier 2: TF lowers each node without a native rule to StableHLO."""
+  import time
+
+  import jax
+  import tensorflow as tf
+  from rich.table import Table
+
+  import jaxport
+  from jaxport.convert import xla_lowering
+
+  def fn(x, y):   # ops with an XLA kernel and no native rule (yet)
+    z = tf.linalg.cross(x, y) + tf.cast(tf.raw_ops.Bucketize(input=x, boundaries=[-1.0, 0.0, 1.0]), tf.float32)
+    gram = tf.matmul(z, z, transpose_a=True) + 3.0 * tf.eye(3)
+    z = tf.matmul(z, tf.linalg.inv(gram)) + tf.transpose(tf.linalg.solve(gram, tf.transpose(y)))
+    z = z + tf.math.real(tf.signal.ifft(tf.signal.fft(tf.complex(z, 0.0))))
+    z = z + tf.linalg.diag_part(tf.linalg.qr(gram)[1]) + tf.linalg.eigh(gram)[0]
+    return tf.nn.depth_to_space(tf.reshape(tf.tile(z, [1, 4]), [2, 4, 1, 12]), 2)
+
+  x, y = (np.random.RandomState(i).normal(size=(8, 3)).astype(np.float32) for i in (0, 1))
+  xla_lowering.reset_lowering_stats()
+  with jaxport.override_config("force_tier", None):
+    start = time.perf_counter()
+    f = jaxport.convert_functional(fn, x, y)
+    convert_s = time.perf_counter() - start
+    start = time.perf_counter()
+    out = jax.block_until_ready(jax.jit(f)(x, y))
+    first_call_s = time.perf_counter() - start
+  from jaxport.profiling import max_abs_error
+  error = max_abs_error(out, tf.function(fn)(x, y).numpy())
+  stats = xla_lowering.lowering_stats()
+  table = Table(title="tier 2: TF's XLA lowering of ops without a native rule (conversion-time cost)")
+  for col in ["op", "lowered", "ms per node"]:
+    table.add_column(col, justify="right" if col != "op" else "left")
+  for op, row in sorted(stats["by_op"].items()):
+    table.add_row(op, str(row.get("lowered", 0)), f"{1e3 * row.get('seconds', 0.0) / max(row.get('lowered', 0), 1):.0f}")
+  table.add_row("total", str(stats["lowered"]), f"{1e3 * stats['seconds_per_node']:.0f}")
+  console.print(table)
+  console.print(f"convert {convert_s:.2f} s; first jit call (traces, lowers, compiles) {first_call_s:.2f} s; "
+                f"max abs difference from TF {error:.1e}")
 
 
 def jax2tf_row(console, batch: int, repeats: int) -> None:
