@@ -467,7 +467,8 @@ def test_tf_custom_gradient_keeps_forward_mode():
       return tf.sin(x), grad
     return inner(x) * 2.0
 
-  f = jaxport.convert_functional(forward, X)
+  # autograph=False: autograph's source lookup can pick the enclosing test function under xdist.
+  f = jaxport.convert_functional(tf.function(forward, autograph=False), X)
   np.testing.assert_allclose(jax.grad(lambda x: jnp.sum(f(x)))(X), 14.0 * np.ones_like(X))
   np.testing.assert_allclose(jax.jvp(f, (X,), (np.ones_like(X),))[1], 2.0 * np.cos(X), rtol=1e-6)
   np.testing.assert_allclose(jax.vmap(jax.grad(lambda x: jnp.sum(f(x))))(np.stack([X, X])), 14.0 * np.ones((2, 5)))

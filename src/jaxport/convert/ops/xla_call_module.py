@@ -178,8 +178,8 @@ def _interpret(ctx, loaded: LoadedModule, lead: list, args: list) -> list:
     raise StableHLOError(f"XlaCallModule node {ctx.name!r}: module {loaded.module.name!r} takes "
                          f"{len(main.block.arg_types)} arguments (tokens, platform index and dimension arguments "
                          f"included), but the node gives {len(args)} and {len(lead)} leading ones")
-  call = interpreter.Call(loaded.module, None, f"{loaded.module.name} (XlaCallModule node {ctx.name!r})")
-  call.call_tf_function = _ModuleCall(ctx.runtime, loaded.functions, ctx.name).call_tf_function
+  call = interpreter.Call(loaded.module, None, f"{loaded.module.name} (XlaCallModule node {ctx.name!r})",
+                          call_tf_function=_ModuleCall(ctx.runtime, loaded.functions, ctx.name).call_tf_function)
   outs = call.call_function("main", operands)
   return [o for o, t in zip(outs, main.result_types) if t.dtype != TOKEN]
 

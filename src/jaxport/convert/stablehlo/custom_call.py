@@ -384,7 +384,7 @@ def call_tf_function(ctx, *operands):
   config = ctx.attrs.get("tf.backend_config")
   config = config if isinstance(config, dict) else {}
   index = config.get("called_index", ctx.attrs.get("called_index"))
-  call_tf = getattr(ctx.call, "call_tf_function", None)
+  call_tf = ctx.call.call_tf_function
   if call_tf is None or index is None:
     raise StableHLOError(f"custom_call @tf.call_tf_function in StableHLO module {ctx.call.name!r} calls a TF "
                          "function, which only an XlaCallModule node (with its function_list) provides")

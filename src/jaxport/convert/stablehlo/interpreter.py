@@ -54,10 +54,11 @@ class Env:
 class Call:
   """One interpretation of a module: its functions, the rng key, where it runs."""
 
-  def __init__(self, module: Module, rng=None, name: str = ""):
+  def __init__(self, module: Module, rng=None, name: str = "", call_tf_function: Callable | None = None):
     self.module = module
     self.rng = rng
     self.name = name or module.name
+    self.call_tf_function = call_tf_function   # (index, args) -> results, for custom_call @tf.call_tf_function
     self._rng_count = 0
 
   def next_rng(self):
