@@ -678,3 +678,17 @@ def test_custom_linear_pins_jax_internals():
                              14 * np.ones((2, 3)))
   # Through the residual: d/dr of f is x (fwd), of the transposed map 7 * ct.
   np.testing.assert_allclose(jax.grad(lambda r: jnp.sum(f(x, r)))(r), np.sum(x))
+
+
+def test_restored_saved_model_uses_the_recorded_gradient(tmp_path):
+  """A restored function calls its body through a library function: its custom gradient is used too."""
+  x = np.array([-1.0, 0.0, 1.0], np.float32)
+  module = tf.Module()
+  module.f = tf.function(jax2tf.convert(jax.nn.relu, with_gradient=True), autograph=False,
+                         input_signature=[tf.TensorSpec((3,), tf.float32)])
+  tf.saved_model.save(module, str(tmp_path))
+  restored = tf.saved_model.load(str(tmp_path))
+  f = jaxport.convert_functional(restored.f, x)
+  expected = jax.grad(lambda x: jax.nn.relu(x).sum())(x)   # 0 at x = 0, as JAX defines relu's
+  np.testing.assert_array_equal(jax.grad(lambda x: f(x).sum())(x), expected)
+  np.testing.assert_array_equal(jax.jit(jax.grad(lambda x: f(x).sum()))(x), expected)

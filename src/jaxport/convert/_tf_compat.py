@@ -21,6 +21,12 @@ def function_def_to_graph_def(fdef):
   return function_def_to_graph.function_def_to_graph_def(fdef)
 
 
+def function_def_to_func_graph(fdef):
+  """A FunctionDef as a TF FuncGraph holding its ops (`function_def_to_graph`)."""
+  from tensorflow.python.framework import function_def_to_graph
+  return function_def_to_graph.function_def_to_graph(fdef)
+
+
 def op_def(op_type: str):
   """The registered `OpDef` proto of `op_type`, or None when TF does not know it (`op_def_registry`)."""
   from tensorflow.python.framework import op_def_registry

@@ -210,28 +210,34 @@ def _path_name(path) -> str:
   return name + "".join(f"[{p!r}]" for p in rest[1:])
 
 
-def _live_nodes(graph: GraphFunction, library: Library, missing: dict[str, list[str]] | None = None):
-  """Every node that can run, as `(label, node)`, across the functions `graph` calls.
-
-  Calls to functions missing from the library are added to `missing` (name -> callers).
-  """
+def _live_functions(graph: GraphFunction, library: Library, missing: dict[str, list[str]] | None = None):
+  """`graph` and every library function it can call (calls to functions missing from the
+  library are added to `missing`: name -> callers)."""
   seen: set[str] = set()
   pending = [graph]
   while pending:
     fn = pending.pop()
+    yield fn
+    for node in fn.live_nodes():
+      called = [f.name for value in node.attrs.values() for f in (value if isinstance(value, list) else [value])
+                if isinstance(f, FuncAttr)]
+      if node.op in library:   # direct function-name ops
+        called.append(node.op)
+      for name in called:
+        if name in seen:
+          continue
+        seen.add(name)
+        if name in library:
+          pending.append(library[name])
+        elif missing is not None:
+          missing.setdefault(name, []).append(node.name)
+
+
+def _live_nodes(graph: GraphFunction, library: Library, missing: dict[str, list[str]] | None = None):
+  """Every node that can run, as `(label, node)`, across the functions `graph` calls."""
+  for fn in _live_functions(graph, library, missing):
     for node in fn.live_nodes():
       yield (node.name if fn is graph else f"{fn.name}/{node.name}"), node
-      for value in node.attrs.values():
-        for f in (value if isinstance(value, list) else [value]):
-          if isinstance(f, FuncAttr) and f.name not in seen:
-            seen.add(f.name)
-            if f.name in library:
-              pending.append(library[f.name])
-            elif missing is not None:
-              missing.setdefault(f.name, []).append(node.name)
-      if node.op in library and node.op not in seen:   # direct function-name ops
-        seen.add(node.op)
-        pending.append(library[node.op])
 
 
 def _op_uses(graph: GraphFunction, library: Library) -> dict[str, list[str]]:
@@ -263,6 +269,18 @@ def _check_nodes(graphs: list[tuple[GraphFunction, Library]], config) -> None:
       except Exception as e:
         e.add_note(f"while converting {node.op} node {label!r}")
         raise
+
+
+def _custom_gradients(cf, graph: GraphFunction, library: Library, variable_ref) -> dict:
+  """The custom gradients of every function that can run, the top level's and the library's
+  (a restored SavedModel calls its function through a library function)."""
+  found = {}
+  for fn in list(_live_functions(graph, library)):
+    if any(custom_gradient.is_boundary(node) for node in fn.nodes.values()):
+      from jaxport.convert import _tf_compat
+      tf_graph = cf.graph if fn is graph else _tf_compat.function_def_to_func_graph(library.function_def(fn.name))
+      found.update(custom_gradient.prepare(tf_graph, fn, variable_ref))
+  return found
 
 
 def _unsupported(uses: dict[str, list[str]], library: Library, config) -> dict[str, list[str]]:
@@ -349,8 +367,7 @@ def _from_concrete(cf, keras_variables: dict[int, KerasVariable], input_structur
       captures.append(collector.ref(external, f"captured resource {internal.name}"))
     else:
       captures.append(np.asarray(external.numpy()))
-  custom_gradients = (custom_gradient.prepare(cf, graph, collector.ref)
-                      if conf["convert_custom_gradient"] else {})
+  custom_gradients = _custom_gradients(cf, graph, library, collector.ref) if conf["convert_custom_gradient"] else {}
   params, tf_variables = collector.params, collector.tf_variables
 
   uses = _op_uses(graph, library)

@@ -52,8 +52,14 @@ class CustomGradient:
   n_results: int = 0          # on an XlaCallModule (jax2tf): how many IdentityN inputs are its results
 
 
-def prepare(cf, graph: GraphFunction, variable_ref) -> dict[int, CustomGradient]:
-  """Converts the gradient function of each custom-gradient IdentityN in `graph`.
+def is_boundary(node: Node) -> bool:
+  """A custom-gradient IdentityN (what `@tf.custom_gradient` and jax2tf emit)."""
+  return node.op == "IdentityN" and bool(node.attrs.get(GRADIENT_OP_TYPE))
+
+
+def prepare(tf_graph, graph: GraphFunction, variable_ref) -> dict[int, CustomGradient]:
+  """Converts the gradient function of each custom-gradient IdentityN in `graph`, whose TF
+  graph (with the ops the gradient functions take) is `tf_graph`.
 
   Adds the forward tensors each gradient function captures to the inputs of the node
   that applies it, so they stay alive until it runs; `variable_ref(handle, what,
@@ -65,9 +71,9 @@ def prepare(cf, graph: GraphFunction, variable_ref) -> dict[int, CustomGradient]
 
   found = {}
   for node in list(graph.nodes.values()):
-    op_type = node.attrs.get(GRADIENT_OP_TYPE)
-    if node.op != "IdentityN" or not op_type:
+    if not is_boundary(node):
       continue
+    op_type = node.attrs[GRADIENT_OP_TYPE]
     try:
       grad_fn = ops.gradient_registry.lookup(op_type)
     except LookupError:
@@ -75,11 +81,11 @@ def prepare(cf, graph: GraphFunction, variable_ref) -> dict[int, CustomGradient]
                     "(e.g. a SavedModel saved without experimental_custom_gradients); "
                     "its gradient is computed by differentiating the forward pass.", stacklevel=3)
       continue
-    op = cf.graph.get_operation_by_name(node.name)
+    op = tf_graph.get_operation_by_name(node.name)
     specs = [tf.TensorSpec(o.shape, o.dtype) for o in op.outputs]
-    with cf.graph.as_default():
+    with tf_graph.as_default():
       grad_cf = tf.function(lambda *dys: grad_fn(op, *dys), autograph=False).get_concrete_function(*specs)
-    custom, captured = _decode_gradient(grad_cf, node, cf, variable_ref)
+    custom, captured = _decode_gradient(grad_cf, node, tf_graph, variable_ref)
     call = _wrapped_call(graph, node)
     if call is not None:   # jax2tf: the boundary is the XlaCallModule itself
       custom.n_results = len(node.inputs) - len(call.inputs)
@@ -105,14 +111,14 @@ def _wrapped_call(graph: GraphFunction, node: Node) -> Node | None:
   return call
 
 
-def _decode_gradient(grad_cf, node: Node, cf, variable_ref) -> tuple[CustomGradient, list]:
+def _decode_gradient(grad_cf, node: Node, tf_graph, variable_ref) -> tuple[CustomGradient, list]:
   graph_def = grad_cf.graph.as_graph_def()
   nodes = decode_nodes(graph_def.node)
   outputs = iter(grad_cf.outputs)
   refs = [None if grad is None else _ref(next(outputs)) for grad in grad_cf.structured_outputs]
   n_dys = len(grad_cf.inputs) - len(grad_cf.captured_inputs)
   by_internal = {id(internal): external for external, internal in grad_cf.graph.captures}
-  forward_captures = {id(external): internal for external, internal in cf.graph.captures}
+  forward_captures = {id(external): internal for external, internal in tf_graph.captures}
   captured, constants = [], {}
   for i, t in enumerate(grad_cf.inputs[n_dys:]):
     external = by_internal[id(t)]

@@ -198,6 +198,10 @@ class Library:
   def names(self):
     return list(self._fdefs)
 
+  def function_def(self, name: str):
+    """The FunctionDef proto of `name`."""
+    return self._fdefs[name]
+
   def __getitem__(self, name: str) -> GraphFunction:
     if name not in self._decoded:
       if name not in self._fdefs:
