@@ -385,19 +385,11 @@ def _expected(name: str, transform: str):
   return _transformed(name, _program(name)[0], "jit" if transform == "value" else transform)
 
 
-# Gaps in the interpreter (forward mode differentiates the interpreted module).
-_KNOWN_GAPS = {
-    ("linalg", "jvp"): "QR's LAPACK custom calls map to lax.linalg.geqrf, which has no JVP rule",
-}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("transform", TRANSFORMS)
 @pytest.mark.parametrize("source", ["live", "saved_model"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_roundtrip(name, source, transform, request):
-  if (name, transform) in _KNOWN_GAPS:
-    request.applymarker(pytest.mark.xfail(reason=_KNOWN_GAPS[name, transform], strict=False))
+def test_roundtrip(name, source, transform):
   actual = _transformed(name, _converted(name, source), transform)
   _assert_close(actual, _expected(name, transform), CASES[name], f"{name} ({source}, {transform})")
 

@@ -174,14 +174,88 @@ def potrf(ctx, a):
         "cusolver_geqrf_ffi", "hipsolver_geqrf_ffi", "Qr")
 def geqrf(ctx, a):
   """Householder QR: (R above the diagonal with the reflectors below, taus)."""
-  h, taus = jnp.linalg.qr(canon(a), mode="raw")   # geqrf, its output transposed
-  return _results(ctx, [jnp.swapaxes(h, -1, -2), taus])
+  return _results(ctx, list(_geqrf(canon(a))))
 
 
 @target("lapack_sorgqr_ffi", "lapack_dorgqr_ffi", "lapack_cungqr_ffi", "lapack_zungqr_ffi",
         "cusolver_orgqr_ffi", "hipsolver_orgqr_ffi", "ProductOfElementaryHouseholderReflectors")
 def orgqr(ctx, a, taus):
-  return lax.linalg.householder_product(canon(a), canon(taus))
+  return _householder_product(canon(a), canon(taus))
+
+
+# LAPACK's QR kernels have no JVP in JAX (jax differentiates `qr` above them). Their tangents come
+# from the same algorithm written in lax (LAPACK's dgeqrf/dorgqr conventions, real dtypes), which JAX
+# differentiates in both modes; the values stay the fast kernels'.
+
+@jax.custom_jvp
+def _geqrf(a):
+  h, taus = jnp.linalg.qr(a, mode="raw")   # geqrf, its output transposed
+  return jnp.swapaxes(h, -1, -2), taus
+
+
+@_geqrf.defjvp
+def _geqrf_jvp(primals, tangents):
+  (a,), (da,) = primals, tangents
+  _require_real(a, "geqrf")
+  return _geqrf(a), jax.jvp(_householder_qr, (a,), (da,))[1]
+
+
+@jax.custom_jvp
+def _householder_product(h, taus):
+  return lax.linalg.householder_product(h, taus)
+
+
+@_householder_product.defjvp
+def _householder_product_jvp(primals, tangents):
+  _require_real(primals[0], "orgqr")
+  return _householder_product(*primals), jax.jvp(_householder_product_lax, primals, tangents)[1]
+
+
+def _require_real(a, what: str) -> None:
+  if jnp.issubdtype(a.dtype, jnp.complexfloating):
+    raise StableHLOError(f"the derivative of LAPACK {what} is available for real matrices only")
+
+
+def _safe_norm(sq):
+  """sqrt(sq) with a finite derivative where sq == 0 (those entries are masked by the caller)."""
+  return jnp.sqrt(jnp.where(sq > 0, sq, 1.0))
+
+
+def _householder_qr(a):
+  """dgeqrf in lax: column j's reflector v (v[j] = 1) and tau zero the entries below the diagonal."""
+  m, n = a.shape[-2:]
+  rows, cols = jnp.arange(m), jnp.arange(n)
+  taus = []
+  for j in range(min(m, n)):
+    x = a[..., :, j]
+    below = rows > j
+    alpha = x[..., j]
+    norm_sq = jnp.sum(jnp.where(below, x, 0) ** 2, axis=-1)
+    reflect = norm_sq > 0
+    length = _safe_norm(alpha ** 2 + norm_sq)
+    beta = jnp.where(alpha >= 0, -length, length)
+    tau = jnp.where(reflect, (beta - alpha) / beta, 0)
+    scale = jnp.where(reflect, 1 / jnp.where(reflect, alpha - beta, 1), 0)
+    v = jnp.where(below, x * scale[..., None], 0) + (rows == j).astype(a.dtype)
+    w = jnp.einsum("...m,...mn->...n", v, a)
+    applied = a - tau[..., None, None] * v[..., :, None] * w[..., None, :]
+    a = jnp.where(cols > j, applied, a)
+    column = jnp.where(rows == j, jnp.where(reflect, beta, alpha)[..., None], jnp.where(below, v, x))
+    a = a.at[..., :, j].set(column)
+    taus.append(tau)
+  return a, jnp.stack(taus, axis=-1)
+
+
+def _householder_product_lax(h, taus):
+  """dorgqr in lax: the first n columns of H_0 H_1 ... H_{k-1}."""
+  m, n = h.shape[-2:]
+  rows = jnp.arange(m)
+  q = jnp.broadcast_to(jnp.eye(m, n, dtype=h.dtype), h.shape)
+  for j in reversed(range(taus.shape[-1])):
+    v = jnp.where(rows > j, h[..., :, j], 0) + (rows == j).astype(h.dtype)
+    w = jnp.einsum("...m,...mn->...n", v, q)
+    q = q - taus[..., j, None, None] * v[..., :, None] * w[..., None, :]
+  return q
 
 
 @target("lapack_sormqr_ffi", "lapack_dormqr_ffi", "lapack_cunmqr_ffi", "lapack_zunmqr_ffi",
