@@ -12,7 +12,7 @@ import dataclasses
 import importlib
 import json
 import os
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from jaxport import config as _config
 from jaxport.convert import api
@@ -231,13 +231,8 @@ def check_model_path(path: str) -> str:
 
 
 def inspect_saved_model(path: str, signature: str | None = None) -> list[InspectReport]:
-  functions = dict(saved_model_functions(path))
-  if signature is not None:
-    picked = {k: cf for k, cf in functions.items() if signature in (k, k.partition("#")[0])}
-    if not picked:
-      raise ModelFileError(f"{path} has no signature or function {signature!r}; "
-                           f"pick one of: {', '.join(functions) or '(none)'}.")
-    functions = picked
+  restored, functions = load_saved_model(path)   # noqa: F841  (keeps the functions' variables alive)
+  functions = pick_functions(path, functions, signature)
   return [inspect_concrete(cf, name if "#" not in name else f"{name} ({_inputs_text(cf)})")
           for name, cf in functions.items()]
 
@@ -251,9 +246,10 @@ def _inputs_text(cf) -> str:
                    if s.shape.rank is not None else f"{s.dtype.name}[...]" for s in specs)
 
 
-def saved_model_functions(path: str) -> Iterator[tuple[str, Any]]:
-  """(name, concrete function) for each signature of a SavedModel; without signatures,
-  for each concrete function of its restored tf.functions (`f`, `encoder.g`, `g#1`)."""
+def load_saved_model(path: str) -> tuple[Any, dict[str, Any]]:
+  """The restored SavedModel and its functions by name: each signature, or without signatures each
+  concrete function of its restored tf.functions (`f`, `encoder.g`, `g#1`). Keep the restored object
+  while using the functions: their variables live as long as it does."""
   check_model_path(path)
   _check_saved_model_proto(path)
   tf = api._tf()
@@ -263,19 +259,26 @@ def saved_model_functions(path: str) -> Iterator[tuple[str, Any]]:
     raise ModelFileError(f"{path}: TensorFlow cannot load this SavedModel ({type(e).__name__}: "
                          f"{_first_line(e)}); re-export it with tf.saved_model.save, or load it where "
                          "the TensorFlow version and custom ops that wrote it are installed.") from e
-  signatures = dict(getattr(restored, "signatures", {}) or {})
-  if signatures:
-    yield from signatures.items()
-    return
-  found = False
-  for name, fn in _restored_functions(restored):
-    concrete = list(getattr(fn, "concrete_functions", None) or [])
-    for i, cf in enumerate(concrete):
-      found = True
-      yield (name if len(concrete) == 1 else f"{name}#{i}"), cf
-  if not found:
-    raise ModelFileError(f"{path} has no signatures and no traced tf.functions to inspect; "
-                         "save it with signatures= or call its tf.functions once before saving.")
+  functions = dict(getattr(restored, "signatures", {}) or {})
+  if not functions:
+    for name, fn in _restored_functions(restored):
+      concrete = list(getattr(fn, "concrete_functions", None) or [])
+      functions.update({(name if len(concrete) == 1 else f"{name}#{i}"): cf for i, cf in enumerate(concrete)})
+  if not functions:
+    raise ModelFileError(f"{path} has no signatures and no traced tf.functions; save it with signatures= or "
+                         "call its tf.functions once before saving.")
+  return restored, functions
+
+
+def pick_functions(path: str, functions: dict[str, Any], signature: str | None) -> dict[str, Any]:
+  """The functions `signature` names (`g` also picks `g#0`, `g#1`), or all when it is None."""
+  if signature is None:
+    return functions
+  picked = {k: cf for k, cf in functions.items() if signature in (k, k.partition("#")[0])}
+  if not picked:
+    raise ModelFileError(f"{path} has no signature or function {signature!r}; "
+                         f"pick one of: {', '.join(functions) or '(none)'}.")
+  return picked
 
 
 def _check_saved_model_proto(path: str) -> None:

@@ -15,8 +15,8 @@ import numpy as np
 import tree
 
 from jaxport.convert import api
-from jaxport.convert import inspect as _inspect
-from jaxport.convert.inspect import check_model_path, keras_input_specs, load_keras_file
+from jaxport.convert.inspect import (check_model_path, keras_input_specs, load_keras_file, load_saved_model,
+                                     pick_functions)
 from jaxport.errors import ModelFileError
 
 
@@ -91,12 +91,12 @@ def load_model_function(path: str, signature: str | None = None) -> ModelFunctio
                            "save it after calling it once, or convert it in Python with example inputs.")
     return ModelFunction(path, "keras", f"{os.path.basename(path)} ({type(model).__name__} {model.name!r})",
                          model, ((specs,), {}))
-  restored, functions = _saved_model_functions(path)
+  restored, functions = load_saved_model(path)
   if signature is not None:
-    picked = {k: cf for k, cf in functions.items() if signature in (k, k.partition("#")[0])}
+    picked = pick_functions(path, functions, signature)
     if len(picked) != 1:
-      what = "has no signature or function" if not picked else "has several concrete functions named"
-      raise ModelFileError(f"{path} {what} {signature!r}; pick one of: {', '.join(functions) or '(none)'}.")
+      raise ModelFileError(f"{path} has several concrete functions named {signature!r}; pick one of: "
+                           f"{', '.join(picked)}.")
   elif len(functions) == 1:
     picked = functions
   elif "serving_default" in functions:
@@ -107,25 +107,3 @@ def load_model_function(path: str, signature: str | None = None) -> ModelFunctio
   (name, cf), = picked.items()
   args, kwargs = cf.structured_input_signature
   return ModelFunction(path, "saved_model", name, cf, (tuple(args), dict(kwargs)), owner=restored)
-
-
-def _saved_model_functions(path: str) -> tuple[Any, dict[str, Any]]:
-  """The restored SavedModel and its functions, named as `jaxport inspect` names them. Unlike
-  `inspect.saved_model_functions` this keeps the restored object, whose variables a conversion reads."""
-  _inspect._check_saved_model_proto(path)
-  tf = api._tf()
-  try:
-    restored = tf.saved_model.load(path)
-  except Exception as e:
-    raise ModelFileError(f"{path}: TensorFlow cannot load this SavedModel ({type(e).__name__}: "
-                         f"{_inspect._first_line(e)}); re-export it with tf.saved_model.save, or load it where "
-                         "the TensorFlow version and custom ops that wrote it are installed.") from e
-  functions = dict(getattr(restored, "signatures", {}) or {})
-  if not functions:
-    for name, fn in _inspect._restored_functions(restored):
-      concrete = list(getattr(fn, "concrete_functions", None) or [])
-      functions.update({(name if len(concrete) == 1 else f"{name}#{i}"): cf for i, cf in enumerate(concrete)})
-  if not functions:
-    raise ModelFileError(f"{path} has no signatures and no traced tf.functions; save it with signatures= or "
-                         "call its tf.functions once before saving.")
-  return restored, functions
