@@ -44,11 +44,11 @@ def var_is_initialized(ctx, ref):
 @register("ResourceGather", structural=True)
 def resource_gather(ctx, ref, indices):
   """A gather from a variable along axis 0 (tf_keras Embedding)."""
-  from jaxport.convert.ops.array import gather_v2
+  from jaxport.convert.ops.gather_scatter import gather_v2
   return gather_v2(ctx, ctx.runtime.read_variable(ref), indices, np.int32(0))
 
 
 @register("ResourceGatherNd", structural=True)
 def resource_gather_nd(ctx, ref, indices):
-  from jaxport.convert.ops.array import gather_nd
+  from jaxport.convert.ops.gather_scatter import gather_nd
   return gather_nd(ctx, ctx.runtime.read_variable(ref), indices)
