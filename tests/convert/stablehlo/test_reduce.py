@@ -9,16 +9,13 @@ import jaxport
 from jaxport.convert import stablehlo
 from jaxport.convert.stablehlo import reduce as reduce_family
 
-_OURS = {"stablehlo.reduce", "stablehlo.reduce_window", "stablehlo.select_and_scatter", "stablehlo.sort"}
 
 
 def _module(f, *args):
   exp = jax.export.export(jax.jit(f), platforms=["cpu"])(*args)
   module = stablehlo.load_module(exp.mlir_module_serialized)
   missing = stablehlo.unsupported_ops(module)
-  assert not any(name in _OURS for name in missing), missing
-  if missing:   # ops of another family that has not landed yet
-    pytest.skip(f"needs {sorted(missing)}")
+  assert not missing, missing
   return module
 
 
@@ -413,8 +410,7 @@ def _tf_module(f, *specs):
   fn = tf.function(f, jit_compile=True, autograph=False)
   module = stablehlo.load_module(fn.experimental_get_compiler_ir(*specs)(stage="stablehlo_serialized"))
   missing = stablehlo.unsupported_ops(module)
-  if missing:
-    pytest.skip(f"needs {sorted(missing)}")
+  assert not missing, missing
   return fn, _as_fn(module)
 
 
