@@ -97,3 +97,21 @@ class ModelFileError(JaxportError, ValueError):
 class ArtifactError(JaxportError, ValueError):
   """An artifact directory (`jaxport.export` / `jaxport.load`) cannot be written or read: a missing
   or changed file, a manifest that does not check out, or a platform it was not exported for."""
+
+
+class InteropInputError(JaxportError, TypeError):
+  """`jaxport.interop` cannot exchange this input: not an array or DLPack producer, an unsupported
+  dtype or byte order, or a producer that does not keep the DLPack protocol."""
+
+
+class DeletedArrayError(JaxportError, ValueError):
+  """The input's buffer is gone: a deleted or donated jax.Array, or a consumed DLPack capsule."""
+
+
+class LoaderStateError(JaxportError, ValueError):
+  """A `jaxport.data` loader state is invalid, corrupt, or from another pipeline; `.field` names
+  the state's entry at fault."""
+
+  def __init__(self, field: str, message: str):
+    self.field = field
+    super().__init__(f"jaxport.data: invalid loader state, field {field!r}: {message}")

@@ -277,7 +277,7 @@ def test_generator_pipelines_explain_how_to_resume():
 def test_restore_into_a_different_pipeline_is_an_error():
   state = jaxport.data.loader(records(6), batch_size=2).state()
   other = tf.data.Dataset.range(6).map(lambda i: i * 2)
-  with pytest.raises(ValueError, match="does not fit"):
+  with pytest.raises(ValueError, match="different tf.data pipeline"):
     jaxport.data.loader(other, batch_size=2, state=state)
 
 

@@ -9,12 +9,15 @@ from jax.tree_util import DictKey, tree_unflatten
 from jaxport.data._batches import (LAST_BATCH_POLICIES, BatchLayout, LastBatch, apply_last_batch,
                                    steps_per_epoch)
 from jaxport.data._prefetch import Feed
+from jaxport.data import _state
 from jaxport.data._sources import Source, make_source
 from jaxport.data._stats import LoaderStats, Meter, ProgressBar
 from jaxport.data._transfer import DtypePolicy, DtypesSpec, Placer, resolve_sharding
+from jaxport.errors import LoaderStateError
 
-STATE_FORMAT = "jaxport.data.Loader/1"
+STATE_FORMAT = _state.STATE_FORMAT
 MASK_KEY = "mask"
+DEFAULT_PREFETCH_BYTES = 1 << 30  # 1 GiB read ahead at most, whatever `prefetch` says
 _names = itertools.count()
 
 
@@ -29,12 +32,17 @@ class Loader:
                prefetch: int = 2, dtypes: DtypesSpec = None, last_batch: LastBatch = "drop",
                shard_by_process: bool = True, seed: int | None = None,
                checkpoint_every: int | None = None, progress: bool = False,
-               state: dict | None = None):
+               state: dict | None = None, prefetch_bytes: int | None = DEFAULT_PREFETCH_BYTES):
     if last_batch not in LAST_BATCH_POLICIES:
       raise ValueError(f"jaxport.data: last_batch must be one of {LAST_BATCH_POLICIES}, not "
                        f"{last_batch!r}.")
     if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
       raise ValueError(f"jaxport.data: prefetch must be a number of batches >= 0, not {prefetch!r}.")
+    if prefetch_bytes is not None and (isinstance(prefetch_bytes, bool) or not isinstance(
+        prefetch_bytes, int) or prefetch_bytes < 1):
+      raise ValueError(f"jaxport.data: prefetch_bytes must be a number of bytes >= 1 or None, not "
+                       f"{prefetch_bytes!r}.")
+    self._prefetch_bytes = prefetch_bytes
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                    or batch_size < 1):
       raise ValueError(f"jaxport.data: batch_size must be a positive int or None, not {batch_size!r}.")
@@ -53,7 +61,7 @@ class Loader:
     self._source: Source = make_source(
         source, batch_size=local_batch, processes=processes, index=index, shard=shard_by_process,
         drop_remainder=last_batch == "drop", seed=seed, checkpoint_every=checkpoint_every,
-        prefetch=prefetch)
+        prefetch=prefetch, prefetch_bytes=prefetch_bytes)
     self._layout = BatchLayout(size=local_batch)
     self._steps = steps_per_epoch(
         self._source.count(), examples=self._source.examples, local_batch=local_batch,
@@ -123,7 +131,8 @@ class Loader:
                      placer=self._placer, casts=self._casts, wait=self._placer.copies)
     if self._bar is not None:
       self._bar.start(self._epoch, self._steps, self._step)
-    return Feed(items, self._prefetch, self._name)
+    return Feed(items, self._prefetch, self._name, max_bytes=self._prefetch_bytes,
+                size_of=_host_bytes)
 
   def _drop_feed(self) -> None:
     if self._feed is not None:
@@ -176,7 +185,7 @@ class Loader:
     of which serializes the pipeline's buffers (shuffle and prefetch) into the state.
     """
     epoch, step = self.epoch, self.step
-    return {
+    return _state.seal({
         "format": STATE_FORMAT,
         "source": self._source.kind,
         "epoch": epoch,
@@ -187,13 +196,16 @@ class Loader:
         "process_index": self._index,
         "process_count": self._processes,
         "source_state": self._source.record(epoch, step),
-    }
+    })
 
   def restore(self, state: dict) -> None:
-    """Continues from `state` (from `state()` of a loader over an identical source)."""
+    """Continues from `state` (from `state()` of a loader over an identical source).
+
+    An invalid, altered or foreign state raises `jaxport.errors.LoaderStateError` (a ValueError)
+    naming the field at fault, before any of it is used.
+    """
     self._check_open()
-    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-      raise ValueError(f"jaxport.data: not a loader state (expected format {STATE_FORMAT!r}).")
+    _state.check(state, steps=self._steps)
     expected = {"source": self._source.kind, "batch_size": self._batch_size,
                 "last_batch": self._last_batch, "process_index": self._index,
                 "process_count": self._processes}
@@ -202,16 +214,16 @@ class Loader:
     if different:
       details = ", ".join(f"{key}: saved {saved!r}, here {here!r}"
                           for key, (saved, here) in different.items())
-      raise ValueError(f"jaxport.data: the state was saved by a differently configured loader "
-                       f"({details}).")
-    saved_size = state.get("local_batch_size")
+      raise LoaderStateError(next(iter(different)), f"the state was saved by a differently "
+                             f"configured loader ({details}).")
+    saved_size = state["local_batch_size"]
     if saved_size is not None and self._layout.size not in (None, saved_size):
-      raise ValueError(f"jaxport.data: the state's batches have {saved_size} rows per process, "
-                       f"this loader's {self._layout.size}.")
+      raise LoaderStateError("local_batch_size", f"the state's batches have {saved_size} rows per "
+                             f"process, this loader's {self._layout.size}.")
     self._drop_feed()
-    self._source.load(int(state["epoch"]), state.get("source_state"))
+    self._source.load(state["epoch"], state["step"], state["source_state"])
     self._layout.size = saved_size if saved_size is not None else self._layout.size
-    self._epoch, self._step = int(state["epoch"]), int(state["step"])
+    self._epoch, self._step = state["epoch"], state["step"]
     self._exhausted, self._failure = False, None
 
   # Observability ---------------------------------------------------------------------------------
@@ -246,6 +258,10 @@ def _produce(source: Source, epoch: int, start: int, *, policy: LastBatch, layou
     yield step, tree, moved
 
 
+def _host_bytes(item: tuple[int, Any, int]) -> int:
+  return item[2]
+
+
 def _with_mask(tree: Any, mask: jax.Array) -> Any:
   """Adds the padding mask: as a "mask" key of a dict batch, else as `(batch, mask)`."""
   if isinstance(tree, dict):
@@ -259,7 +275,8 @@ def _with_mask(tree: Any, mask: jax.Array) -> Any:
 def loader(source: Any, *, batch_size: int | None = None, sharding: Any = None, prefetch: int = 2,
            dtypes: DtypesSpec = None, last_batch: LastBatch = "drop", shard_by_process: bool = True,
            seed: int | None = None, checkpoint_every: int | None = None, progress: bool = False,
-           state: dict | None = None) -> Loader:
+           state: dict | None = None,
+           prefetch_bytes: int | None = DEFAULT_PREFETCH_BYTES) -> Loader:
   """Feeds JAX from a tf.data.Dataset, a torch DataLoader, or any iterable of (nested) arrays.
 
   Args:
@@ -276,6 +293,10 @@ def loader(source: Any, *, batch_size: int | None = None, sharding: Any = None, 
     prefetch: batches a background thread reads ahead onto devices while the consumer works
       between batches (a consumer waiting on data reads them itself); tf.data pipelines also get
       a tf.data prefetch stage of this size. 0: no thread.
+    prefetch_bytes: also stop reading ahead once the batches read ahead hold this many bytes
+      (host bytes; one batch is always allowed), so that a large `prefetch` of large batches
+      cannot exhaust memory; tf.data's prefetch stage is shortened to fit when its element size
+      is static. Default 1 GiB; None: bounded by `prefetch` only.
     dtypes: casts on device: a dtype (for every floating leaf), or a dict keyed by source dtype
       or by key path ("image", "features/image").
     last_batch: "drop" the short last batch, yield it "partial", or "pad" it to full size with
@@ -289,8 +310,10 @@ def loader(source: Any, *, batch_size: int | None = None, sharding: Any = None, 
     checkpoint_every: tf.data only: also snapshot the tf.data iterator every n batches, so that
       resuming replays at most n batches (each snapshot serializes the pipeline's buffers).
     progress: show a rich progress bar.
-    state: a `Loader.state()` to resume from.
+    state: a `Loader.state()` to resume from (an invalid, altered or foreign state raises
+      `jaxport.errors.LoaderStateError` naming the field).
   """
   return Loader(source, batch_size=batch_size, sharding=sharding, prefetch=prefetch, dtypes=dtypes,
                 last_batch=last_batch, shard_by_process=shard_by_process, seed=seed,
-                checkpoint_every=checkpoint_every, progress=progress, state=state)
+                checkpoint_every=checkpoint_every, progress=progress, state=state,
+                prefetch_bytes=prefetch_bytes)

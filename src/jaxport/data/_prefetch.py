@@ -9,7 +9,7 @@ import collections
 import threading
 import time
 import weakref
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 _POLL_S = 0.05  # how often an idle thread checks whether the feed was closed
 _JOIN_S = 5.0
@@ -22,9 +22,14 @@ class _Shared:
   """The state the feed and its thread share. The thread holds no reference to the feed, so the
   feed (and its loader) can be garbage-collected while the thread runs."""
 
-  def __init__(self, items: Iterator[Any], depth: int):
+  def __init__(self, items: Iterator[Any], depth: int, max_bytes: int | None,
+               size_of: Callable[[Any], int] | None):
     self.items = items
     self.depth = depth
+    self.max_bytes, self.size_of = max_bytes, size_of
+    # Bytes of the results produced and taken: each counter has one writer (the lock's holder,
+    # the consumer), so their difference needs no lock.
+    self.added = self.taken = 0
     self.ready: collections.deque = collections.deque()
     self.end: BaseException | None = None  # StopIteration() or the producer's error, after `ready`
     self.lock = threading.Lock()  # held while the producer runs
@@ -36,7 +41,10 @@ class _Shared:
   def produce(self, note: str | None = None) -> None:
     """Runs the producer once, into `ready` or `end`; the caller holds `lock`."""
     try:
-      self.ready.append(next(self.items))
+      item = next(self.items)
+      if self.size_of is not None:
+        self.added += self.size_of(item)
+      self.ready.append(item)
     except StopIteration:
       self.end = StopIteration()
     except BaseException as error:  # pylint: disable=broad-except  # raised by get(), in order
@@ -49,7 +57,8 @@ class _Shared:
   def wanted(self) -> bool:
     """Whether the thread should read one more batch ahead."""
     return (not self.stop.is_set() and not self.consumer_waiting and self.end is None
-            and len(self.ready) < self.depth)
+            and len(self.ready) < self.depth
+            and (self.max_bytes is None or self.added - self.taken < self.max_bytes))
 
   def close_items(self) -> None:
     """Closes the producer (once); the caller holds `lock`."""
@@ -62,15 +71,19 @@ class _Shared:
 
 class Feed:
   """Hands the producer's results to the consumer, reading up to `depth` ahead in a daemon thread
-  while the consumer works (`depth=0`: no thread).
+  while the consumer works (`depth=0`: no thread), and, with `max_bytes`, no further once the
+  results read ahead hold that many bytes (by `size_of`; one result is always allowed).
 
   `get()` returns the next result, raises StopIteration at the end, and re-raises an exception of
   the producer (with its original traceback) after the results produced before it. `close()` is
   idempotent and never blocks for long, even on a stuck producer; garbage collection closes too.
   """
 
-  def __init__(self, items: Iterator[Any], depth: int, name: str):
-    self._shared = shared = _Shared(items, depth)
+  def __init__(self, items: Iterator[Any], depth: int, name: str, *,
+               max_bytes: int | None = None, size_of: Callable[[Any], int] | None = None):
+    if max_bytes is not None and size_of is None:
+      raise ValueError("max_bytes needs size_of")
+    self._shared = shared = _Shared(items, depth, max_bytes, size_of)
     self._left: float | None = None  # when the consumer last left get()
     self._interrupted = False  # the producer ended with a KeyboardInterrupt, already raised
     self._thread = None
@@ -94,7 +107,10 @@ class Feed:
           shared.produce()
     try:
       if shared.ready:
-        return shared.ready.popleft()
+        item = shared.ready.popleft()
+        if shared.size_of is not None:
+          shared.taken += shared.size_of(item)
+        return item
       if isinstance(shared.end, StopIteration):
         raise StopIteration
       if self._interrupted:
@@ -110,6 +126,10 @@ class Feed:
 
   def depth(self) -> int:
     return len(self._shared.ready)
+
+  def queued_bytes(self) -> int:
+    """Bytes of the results read ahead and not taken yet (0 without `size_of`)."""
+    return self._shared.added - self._shared.taken
 
   def close(self) -> None:
     if self._finalizer.alive:

@@ -14,8 +14,11 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 from jax.tree_util import tree_flatten_with_path
 
+from jaxport.data import _tf_compat
 from jaxport.data._batches import Flat, batch_examples, batch_rows, flatten
 from jaxport.data._leaves import tf_dtype_problem
+from jaxport.data._state import is_int, past_the_end
+from jaxport.errors import LoaderStateError
 
 
 class NotResumableError(RuntimeError):
@@ -43,19 +46,23 @@ class Source:
     """JSON data that lets a fresh source, given (epoch, step), continue from there."""
     return None
 
-  def load(self, epoch: int, record: Any) -> None:
-    """Prepares to resume `epoch` from `record` (made by `record()` of an identical source)."""
+  def load(self, epoch: int, step: int, record: Any) -> None:
+    """Prepares to resume `epoch` at `step` from `record` (made by `record()` of an identical
+    source); LoaderStateError if `record` does not fit this source."""
+    if record is not None:
+      raise LoaderStateError("source_state", f"expected None for a {self.kind} source, found "
+                             f"{type(record).__name__}.")
 
 
 def make_source(source: Any, *, batch_size: int | None, processes: int, index: int, shard: bool,
                 drop_remainder: bool, seed: int | None, checkpoint_every: int | None,
-                prefetch: int) -> Source:
+                prefetch: int, prefetch_bytes: int | None = None) -> Source:
   """The Source for `source`; `batch_size` is this process's batch size when it yields examples."""
   tf = sys.modules.get("tensorflow")
   if tf is not None and isinstance(source, tf.data.Dataset):
     return TFDataSource(source, batch_size=batch_size, processes=processes, index=index, shard=shard,
                         drop_remainder=drop_remainder, checkpoint_every=checkpoint_every,
-                        prefetch=prefetch)
+                        prefetch=prefetch, prefetch_bytes=prefetch_bytes)
   if checkpoint_every is not None:
     raise ValueError("jaxport.data: checkpoint_every= applies to tf.data sources only; other "
                      "sources resume by replaying batches.")
@@ -76,8 +83,18 @@ def _local_batches(elements: Iterator[Any], *, batch_size: int | None, processes
   if shard and processes > 1:
     elements = itertools.islice(elements, index, None, processes)
   if batch_size is not None:
-    return batch_examples(itertools.islice(elements, start * batch_size, None), batch_size)
-  return (flatten(element, batched=True) for element in itertools.islice(elements, start, None))
+    # The last batch delivered may have been short: one element of it must be there.
+    return batch_examples(_skipped(elements, start * batch_size, (start - 1) * batch_size + 1,
+                                   "examples"), batch_size)
+  return (flatten(element, batched=True) for element in _skipped(elements, start, start, "batches"))
+
+
+def _skipped(elements: Iterator[Any], count: int, needed: int, unit: str) -> Iterator[Any]:
+  """`elements` past the first `count`; LoaderStateError if fewer than `needed` are there."""
+  found = sum(1 for _ in itertools.islice(elements, count)) if count else 0
+  if found < needed:
+    raise past_the_end(needed, found, unit)
+  return elements
 
 
 def _length(source: Any) -> int | None:
@@ -117,9 +134,10 @@ class IterableSource(Source):
       raise NotResumableError(_ONE_SHOT)
     return None
 
-  def load(self, epoch: int, record: Any) -> None:
+  def load(self, epoch: int, step: int, record: Any) -> None:
     if self._one_shot:
       raise NotResumableError(_ONE_SHOT)
+    super().load(epoch, step, record)
 
 
 _ONE_SHOT = ("jaxport.data: the source is a one-shot iterator: it serves a single epoch and cannot "
@@ -202,13 +220,31 @@ class TorchSource(Source):
     states = self._epoch_states.get(epoch) or self._generator_states()
     return {"seed": self._seed, "generators": states}
 
-  def load(self, epoch: int, record: Any) -> None:
-    if (record["seed"] is None) != (self._seed is None) or len(record["generators"]) != len(
+  def load(self, epoch: int, step: int, record: Any) -> None:
+    if not isinstance(record, dict) or set(record) != {"seed", "generators"}:
+      raise LoaderStateError("source_state", "expected a dict with 'seed' and 'generators', found "
+                             f"{record!r:.80}.")
+    if record["seed"] is not None and not is_int(record["seed"]):
+      raise LoaderStateError("source_state.seed", f"expected an int or None, found "
+                             f"{record['seed']!r}.")
+    generators = record["generators"]
+    if not isinstance(generators, list) or not all(isinstance(g, str) for g in generators):
+      raise LoaderStateError("source_state.generators", "expected a list of base64 strings.")
+    if (record["seed"] is None) != (self._seed is None) or len(generators) != len(
         self._generators):
-      raise ValueError("jaxport.data: the state comes from a DataLoader with other random "
-                       "generators (a shuffling sampler with or without a generator).")
+      raise LoaderStateError("source_state.generators", "the state comes from a DataLoader with "
+                             "other random generators (a shuffling sampler with or without a "
+                             "generator); restore into a loader over the same DataLoader setup.")
     self._seed = record["seed"]
-    self._epoch_states = {epoch: list(record["generators"])}
+    for generator, state in zip(self._generators, generators):
+      try:  # on a scratch copy: checked before anything changes
+        scratch = self._torch.Generator(device=generator.device)
+        scratch.set_state(self._torch.from_numpy(np.frombuffer(base64.b64decode(
+            state, validate=True), np.uint8).copy()))
+      except (ValueError, RuntimeError, TypeError) as error:
+        raise LoaderStateError("source_state.generators", f"not a saved state of this "
+                               f"DataLoader's random generator ({error}).") from None
+    self._epoch_states = {epoch: list(generators)}
 
 
 class TFDataSource(Source):
@@ -224,9 +260,11 @@ class TFDataSource(Source):
   kind = "tf.data"
 
   def __init__(self, dataset: Any, *, batch_size: int | None, processes: int, index: int, shard: bool,
-               drop_remainder: bool, checkpoint_every: int | None, prefetch: int):
+               drop_remainder: bool, checkpoint_every: int | None, prefetch: int,
+               prefetch_bytes: int | None = None):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     self._tf = tf
+    user_dataset = dataset
     self.examples = batch_size is not None  # counted in examples; batched inside tf.data
     self.loader_shards = shard
     cardinality = int(dataset.cardinality())
@@ -252,7 +290,7 @@ class TFDataSource(Source):
       prefetched = False
     if prefetch and not prefetched:
       # A second prefetch stage would only add a thread handoff per element (~20 µs).
-      dataset = dataset.prefetch(prefetch)
+      dataset = dataset.prefetch(_fitting(tf, dataset.element_spec, prefetch, prefetch_bytes))
     self._dataset = dataset
     self._static_batch = _static_batch_size(tf, dataset.element_spec)
     self._reader = _TensorReader.build(tf, dataset.element_spec, self._static_batch)
@@ -270,6 +308,8 @@ class TFDataSource(Source):
     self._retired: Any = None  # the last finished iterator, deleted when the next one finishes
     self._snapshots: dict[int, list[tuple[int, str]]] = {}  # epoch -> [(position, state)]
     self._snapshot_error: str | None = None
+    self._user_dataset = user_dataset
+    self._fingerprint: str | None = None  # of the user's pipeline, made when a state needs it
 
   def count(self) -> float | None:
     return self._count
@@ -282,7 +322,7 @@ class TFDataSource(Source):
     try:
       while position < start:
         if next(iterator, None) is None:
-          return
+          raise past_the_end(start, position, "batches")
         position += 1
       every = self._checkpoint_every
       read = self._reader.bind(iterator) if self._reader else _read_with_next(iterator)
@@ -319,7 +359,7 @@ class TFDataSource(Source):
 
   def _snapshot(self, epoch: int, position: int, iterator: Any) -> None:
     try:
-      state = iterator._save().numpy().decode("ascii")  # pylint: disable=protected-access
+      state = _tf_compat.save_iterator(iterator)
     except Exception as error:  # pylint: disable=broad-except
       self._snapshot_error = f"{type(error).__name__}: {error}".strip()
       return
@@ -344,14 +384,44 @@ class TFDataSource(Source):
           "policy = tf.data.experimental.ExternalStatePolicy.IGNORE on the dataset, and the loader "
           "replays by count from the epoch start.")
     position, state = max(usable)
-    record = {"position": position, "iterator": state}
+    record = {"position": position, "iterator": state, "pipeline": self.fingerprint()}
     if position:
       record["epoch_start"] = usable[0][1]
     return record
 
-  def load(self, epoch: int, record: Any) -> None:
+  def fingerprint(self) -> str:
+    """The user's pipeline's fingerprint (`_tf_compat.pipeline_fingerprint`), made once."""
+    if self._fingerprint is None:
+      self._fingerprint = _tf_compat.pipeline_fingerprint(self._tf, self._user_dataset)
+    return self._fingerprint
+
+  def _check_record(self, step: int, record: Any) -> None:
+    """Checks `record` before any of its bytes reach TF (the loader checked its digest)."""
+    if not isinstance(record, dict) or not {"position", "iterator", "pipeline"} <= set(record) \
+        or not set(record) <= {"position", "iterator", "pipeline", "epoch_start"}:
+      raise LoaderStateError("source_state", "expected a dict with 'position', 'iterator', "
+                             f"'pipeline' (and 'epoch_start'), found {record!r:.80}.")
+    position = record["position"]
+    if not is_int(position) or not 0 <= position <= step:
+      raise LoaderStateError("source_state.position", f"expected an int in [0, step={step}], "
+                             f"found {position!r}.")
+    for key in ("iterator", "pipeline", "epoch_start"):
+      if key in record and not isinstance(record[key], str):
+        raise LoaderStateError(f"source_state.{key}", f"expected a string, found "
+                               f"{type(record[key]).__name__}.")
+    if ("epoch_start" in record) != (position > 0):
+      raise LoaderStateError("source_state.epoch_start", "present exactly when position > 0.")
+    if record["pipeline"] != self.fingerprint():
+      raise LoaderStateError(
+          "source_state.pipeline", "the state was saved from a different tf.data pipeline: its "
+          "graph changed since (a shuffle seed or buffer size, a map function, the data, the "
+          "order of stages). Resuming it would repeat and skip examples; restore into a loader "
+          "over the same pipeline, or start the epoch afresh.")
+
+  def load(self, epoch: int, step: int, record: Any) -> None:
+    self._check_record(step, record)
     iterator = self._restored(record["iterator"])
-    position = int(record["position"])
+    position = record["position"]
     snapshots = [(position, record["iterator"])]
     if "epoch_start" in record:
       # Restoring a mid-epoch snapshot does not always leave the shuffle seed generators (shared by
@@ -366,11 +436,22 @@ class TFDataSource(Source):
   def _restored(self, state: str) -> Any:
     iterator = iter(self._dataset)
     try:
-      iterator._restore(self._tf.constant(state))  # pylint: disable=protected-access
+      _tf_compat.restore_iterator(self._tf, iterator, state)
     except Exception as error:
-      raise ValueError("jaxport.data: the saved tf.data iterator does not fit this dataset; restore "
-                       "into a loader over the same pipeline.") from error
+      raise LoaderStateError("source_state.iterator", "the saved tf.data iterator does not fit "
+                             "this dataset; restore into a loader over the same pipeline.") \
+          from error
     return iterator
+
+
+def _fitting(tf: Any, element_spec: Any, count: int, max_bytes: int | None) -> int:
+  """`count` elements, fewer (at least one) where that many would hold over `max_bytes`."""
+  specs = tf.nest.flatten(element_spec)
+  if max_bytes is None or not all(isinstance(spec, tf.TensorSpec) and spec.shape.is_fully_defined()
+                                  for spec in specs):
+    return count
+  size = sum(spec.shape.num_elements() * spec.dtype.size for spec in specs)
+  return max(1, min(count, max_bytes // max(size, 1)))
 
 
 def _ends_with_prefetch(dataset: Any) -> bool:

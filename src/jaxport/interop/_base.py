@@ -41,6 +41,8 @@ class Buffer(NamedTuple):
   owned: bool = False       # nothing else references this buffer (a fresh copy)
   autograd: bool = False    # torch: requires_grad, exported detached
   lazy: str = ""            # torch: a pending conjugation/negation bit that exporting must apply
+  protected: bool = False   # the memory is flagged read-only (NumPy flag, DLPack flag): it may be
+  #                           mapped read-only, so that a write through a shared view crashes
 
 
 def extent(buf: Buffer) -> tuple[int, int]:

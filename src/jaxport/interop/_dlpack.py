@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from jaxport.errors import DeletedArrayError, InteropInputError
 from jaxport.interop import _dtypes
 
 # DLDeviceType values.
@@ -90,16 +91,22 @@ class CapsuleInfo(NamedTuple):
 
 
 def _managed(capsule: Any) -> tuple[_DLManagedTensor | _DLManagedTensorVersioned, bool]:
+  if not is_capsule(capsule):
+    raise InteropInputError(f"Expected a DLPack capsule, got a {type(capsule).__name__}: the "
+                            "array's __dlpack__() does not keep the DLPack protocol. Convert it "
+                            "with its own library (e.g. to NumPy) before handing it to jaxport.")
   name = _get_name(capsule)
   if name in (_UNVERSIONED, _VERSIONED):
     versioned = name == _VERSIONED
     struct = _DLManagedTensorVersioned if versioned else _DLManagedTensor
     return struct.from_address(_get_pointer(capsule, name)), versioned
   if name and name.startswith(b"used_"):
-    raise ValueError("This DLPack capsule was already consumed: a capsule can be imported only "
+    raise DeletedArrayError("This DLPack capsule was already consumed: a capsule can be imported only "
                      "once. Export the source array again (its __dlpack__ method, or convert the "
                      "array itself rather than a capsule).")
-  raise TypeError(f"Not a DLPack capsule (capsule name {name!r}).")
+  raise InteropInputError(f"Not a DLPack capsule (capsule name {name!r}): jaxport.interop takes "
+                          "capsules named 'dltensor' or 'dltensor_versioned'; pass the array "
+                          "itself, or a capsule from its __dlpack__().")
 
 
 def read_capsule(capsule: Any) -> CapsuleInfo:
@@ -162,7 +169,8 @@ class CapsuleProducer:
   def __dlpack__(self, **unused_kwargs):
     capsule, self.capsule = self.capsule, None
     if capsule is None:
-      raise ValueError("This DLPack capsule was already consumed.")
+      raise DeletedArrayError("This DLPack capsule was already consumed: export the source "
+                              "array again.")
     return capsule
 
   def __dlpack_device__(self):

@@ -4,6 +4,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from jaxport.errors import InteropInputError
+
 # DLPack DLDataTypeCode values (dlpack.h, v1.1).
 _INT, _UINT, _FLOAT, _BFLOAT, _COMPLEX, _BOOL = 0, 1, 2, 4, 5, 6
 
@@ -57,11 +59,11 @@ def name(dtype) -> str:
   return dtype.name if isinstance(dtype, np.dtype) else str(dtype)
 
 
-def unsupported(dtype_name: str, framework: str, hint: str = "") -> TypeError:
-  """The TypeError for a non-numeric or unsupported dtype, raised before any DLPack call."""
+def unsupported(dtype_name: str, framework: str, hint: str = "") -> InteropInputError:
+  """The error (a TypeError) for a non-numeric or unsupported dtype, raised before any DLPack call."""
   hint = hint or ("cast it to a numeric dtype first (bool, int8-64, uint8-64, float16/32/64, "
                   "bfloat16, float8, complex64/128)")
-  return TypeError(f"jaxport.interop cannot exchange a {framework} tensor of dtype {dtype_name}: "
+  return InteropInputError(f"jaxport.interop cannot exchange a {framework} tensor of dtype {dtype_name}: "
                    f"only whole-byte numeric buffers can be shared; {hint}.")
 
 
@@ -72,6 +74,10 @@ def check(dtype, framework: str = "NumPy") -> np.dtype:
   if not isinstance(dtype, np.dtype):  # e.g. JAX's extended dtypes (PRNG keys)
     raise unsupported(str(dtype), framework, "it has no plain numeric buffer (for PRNG keys, "
                       "convert jax.random.key_data(key))")
+  if dtype.byteorder not in "=|" and dtype.newbyteorder("=") in SUPPORTED:
+    raise unsupported(f"{dtype.newbyteorder('=').name} in non-native byte order ({dtype.str})",
+                      framework, "DLPack carries native byte order only; convert it first with "
+                      "x.astype(x.dtype.newbyteorder('='))")
   kind = {"O": "object", "U": "string", "S": "bytes", "V": "structured/void", "M": "datetime",
           "m": "timedelta"}.get(dtype.kind)
   hint = ("strings and Python objects have no numeric buffer; encode them to numbers first"

@@ -9,12 +9,24 @@ from typing import Any
 
 import numpy as np
 
+from jaxport.errors import InteropInputError
 from jaxport.interop import _base, _dlpack, _dtypes
 from jaxport.interop._base import Buffer
 
 
 def is_foreign(x: Any) -> bool:
   return _dlpack.is_capsule(x) or hasattr(type(x), "__dlpack__")
+
+
+def _device_of(x: Any) -> _dlpack.Device:
+  """`x.__dlpack_device__()` checked to be a (device type, id) pair of ints."""
+  try:
+    kind, index = x.__dlpack_device__()
+    return int(kind), int(index)
+  except (AttributeError, TypeError, ValueError) as error:
+    raise InteropInputError(f"A {type(x).__name__} has __dlpack__ but no valid __dlpack_device__() "
+                            f"({error}): it does not keep the DLPack protocol. Convert it with "
+                            "its own library (e.g. to NumPy) first.") from None
 
 
 class Foreign(_base.Framework):
@@ -27,7 +39,7 @@ class Foreign(_base.Framework):
       info = _dlpack.read_capsule(x)
       device = info.device
     else:  # export once to read the metadata; stream -1: no synchronisation needed for that
-      device = tuple(int(v) for v in x.__dlpack_device__())
+      device = _device_of(x)
       stream = None if device[0] == _dlpack.CPU else _dlpack.NO_SYNC
       try:  # as NumPy asks when adopting it, so read-only flags agree
         capsule = x.__dlpack__(stream=stream, max_version=(1, 0))
@@ -42,14 +54,14 @@ class Foreign(_base.Framework):
         strides = tuple(s * info.dtype.itemsize for s in info.strides)
     # An unversioned capsule cannot say whether its memory may be written: assume not (as NumPy).
     return Buffer(self, info.dtype, info.shape, layout, info.address, device,
-                  info.read_only or not info.versioned, strides)
+                  info.read_only or not info.versioned, strides, protected=info.read_only)
 
   def producer(self, x: Any, buf: Buffer, send: np.dtype,
                consumer_immutable: bool) -> Any:
     return _dlpack.CapsuleProducer(x, buf.device) if _dlpack.is_capsule(x) else x
 
   def _no_copy(self, x: Any) -> Any:
-    raise TypeError(f"A {type(x).__name__} in device memory can only be imported as it is; this "
+    raise InteropInputError(f"A {type(x).__name__} in device memory can only be imported as it is; this "
                     "conversion needs a copy, layout change or device transfer first. Convert it "
                     "with its own library before handing it to jaxport.")
 

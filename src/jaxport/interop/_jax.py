@@ -10,7 +10,7 @@ import numpy as np
 
 from jaxport.interop import _base, _dlpack, _dtypes
 from jaxport.interop._base import Buffer
-from jaxport.errors import DeviceMismatchError, ZeroCopyError
+from jaxport.errors import DeletedArrayError, DeviceMismatchError, ZeroCopyError
 from jaxport.interop._plan import Reason
 
 _X64_TYPES = frozenset(_dtypes.X64_NARROWING)
@@ -114,6 +114,10 @@ class Jax(_base.Framework):
                         "or vmap values have no buffer yet; convert outside the transformation.")
       if not isinstance(x, jax.Array):
         raise TypeError(f"jaxport.interop cannot convert a {type(x).__name__}: not a jax.Array.")
+    if x.is_deleted():
+      raise DeletedArrayError("jaxport.interop cannot convert a deleted jax.Array (x.delete() "
+                              "was called, or it was donated to a jitted function): its buffer "
+                              "is gone. Convert the array before deleting or donating it.")
     dtype = x.dtype
     if dtype not in _dtypes.SUPPORTED:
       _dtypes.check(dtype, "JAX")

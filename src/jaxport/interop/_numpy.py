@@ -21,6 +21,21 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype,
   return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
+def _protected(x: np.ndarray) -> bool:
+  """Whether read-only `x` may view memory that is itself read-only (a read-only np.memmap,
+  bytes, another library's buffer): true unless its bases lead to memory NumPy owns, which only a
+  flag guards (read-only views such as broadcasts, arrays whose flag was cleared)."""
+  node: Any = x
+  while node is not None:
+    if isinstance(node, np.ndarray):
+      if node.flags.writeable or node.base is None:
+        return False
+    elif type(node).__name__ != "DummyArray":  # as_strided's holder of its base
+      return True
+    node = node.base
+  return False
+
+
 class _Alias:
   """Exposes a read-only array's memory as writable, for consumers that never write (JAX, TF).
 
@@ -60,8 +75,9 @@ class NumPy(_base.Framework):
       layout = _base.IRREGULAR if any(s % item for s in strides) else \
           _base.classify(x.shape, tuple(s // item for s in strides))
     address = x.__array_interface__["data"][0] if exact else None
-    return Buffer(self, dtype, x.shape, layout, address, _dlpack.HOST, not flags.writeable,
-                  strides)
+    read_only = not flags.writeable
+    return Buffer(self, dtype, x.shape, layout, address, _dlpack.HOST, read_only, strides,
+                  protected=read_only and _protected(x))
 
   def producer(self, x: np.ndarray, buf: Buffer, send: np.dtype,
                consumer_immutable: bool) -> Any:

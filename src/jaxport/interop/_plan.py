@@ -166,7 +166,7 @@ def decide(buf: Buffer, req: Request, placed: bool = True,
   """
   # Plans depend on the buffer's properties, not on its shape or exact address: memoised.
   key = (buf.framework, buf.dtype, buf.layout, buf.address is None or not buf.address % _ALIGN,
-         buf.device, buf.read_only, buf.owned, buf.autograd, buf.lazy, req, placed, earlier,
+         buf.device, buf.read_only, buf.protected, buf.owned, buf.autograd, buf.lazy, req, placed, earlier,
          req.target.cache_token)
   plan = _CACHE.get(key)
   if plan is None:
@@ -259,6 +259,14 @@ def _decide(buf: Buffer, req: Request, placed: bool, earlier: tuple[Reason, ...]
         compact = True
         reasons.append(Reason("alignment", f"{dst.label} needs {dst.alignment}-byte aligned "
                                            "buffers; copied to an aligned buffer"))
+  if (buf.protected and not dst.immutable and not dst.marks_read_only
+      and not (host or compact or resolve or via_host)):
+    # A shared view would be writable in the target; a write to read-only mapped memory (a
+    # read-only np.memmap) crashes the process. Copied before any DLPack call.
+    compact = True
+    reasons.append(Reason("read-only", f"the {src.label} buffer is flagged read-only (it may be "
+                                       f"mapped read-only) and {dst.label} cannot mark tensors "
+                                       "read-only; copied to a writable buffer"))
   detach = buf.autograd
   if detach:
     notes.append("detached from autograd: the result shares memory but gradients do not flow "

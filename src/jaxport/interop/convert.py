@@ -14,7 +14,7 @@ import numpy as np
 
 from jaxport.interop import _base, _dlpack
 from jaxport.interop._cupy import CUPY
-from jaxport.errors import ShardedArrayError
+from jaxport.errors import InteropInputError, ShardedArrayError
 from jaxport.interop._foreign import FOREIGN, is_foreign
 from jaxport.interop._jax import JAX, dl_device
 from jaxport.interop._numpy import NUMPY
@@ -58,9 +58,10 @@ def _source(x: Any) -> tuple[_base.Framework, Any, tuple[Reason, ...]]:
     return framework, framework.unwrap(x), ()
   if is_foreign(x):
     return FOREIGN, x, ()
-  raise TypeError(f"jaxport.interop cannot convert a {type(x).__module__}.{type(x).__name__}: "
-                  "not an array of NumPy, JAX, PyTorch, TensorFlow or CuPy, nor a DLPack "
-                  "producer or capsule.")
+  raise InteropInputError(f"jaxport.interop cannot convert a {type(x).__module__}."
+                          f"{type(x).__name__}: not an array of NumPy, JAX, PyTorch, TensorFlow "
+                          "or CuPy, nor a DLPack producer or capsule; convert it to one (e.g. "
+                          "np.asarray) first.")
 
 
 def _single_shard(x: jax.Array, req: Request) -> jax.Array:
