@@ -198,6 +198,11 @@ class Library:
   def names(self):
     return list(self._fdefs)
 
+  def add(self, fn: GraphFunction) -> None:
+    """Adds a function built at conversion time (a recovered v1 loop body or cond branch)."""
+    self._fdefs[fn.name] = None   # no FunctionDef behind it
+    self._decoded[fn.name] = fn
+
   def function_def(self, name: str):
     """The FunctionDef proto of `name`."""
     return self._fdefs[name]

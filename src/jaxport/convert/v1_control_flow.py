@@ -1,0 +1,523 @@
+"""TF1 graphs: v1 control flow and ref variables lowered onto the v2 machinery.
+
+A TF1 graph expresses loops and conditionals with dataflow ops: a loop is a *frame*
+of `Enter` → `Merge` → (`LoopCond`, `Switch`) → body → `NextIteration` nodes, left by
+`Exit`; a conditional is a set of `Switch` nodes on one predicate whose two sides meet
+again in `Merge` nodes. The interpreter runs acyclic graphs, so this pass recovers
+the structure and rewrites it, once at conversion time:
+
+* each loop frame becomes a `While` node whose `cond`/`body` are new library
+  functions (`Library.add`), so `ops/control_flow.py` runs it (fori_loop when the
+  trip count follows from constants, else lax.while_loop);
+* each conditional becomes an `If` node with a `then_branch`/`else_branch`, run by
+  lax.cond (or just the taken branch when the predicate is a constant).
+
+Innermost structures are rewritten first; nested frames are rewritten inside their
+parent's body. A ref-typed output feeding an input that is not a ref (`w/read =
+Identity(w)`) gets a `_ReadRef`, so ref variables behave as resource variables (a cond
+that returns a ref returns its value, which `_ReadRef` passes through). v1 stacks (the
+in-graph gradients of v1 loops) are refused with `UnsupportedOperationsError`.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from jaxport.convert.graph import FuncAttr, GraphFunction, Library, Node
+from jaxport.errors import JaxportError, UnsupportedOperationsError
+
+ENTER = frozenset({"Enter", "RefEnter"})
+EXIT = frozenset({"Exit", "RefExit"})
+NEXT = frozenset({"NextIteration", "RefNextIteration"})
+MERGE = frozenset({"Merge", "RefMerge"})
+SWITCH = frozenset({"Switch", "RefSwitch"})
+V1_CONTROL_FLOW = ENTER | EXIT | NEXT | MERGE | SWITCH | {"LoopCond"}
+REF_VARIABLES = frozenset({"VariableV2", "Variable"})
+STACKS = frozenset({"StackV2", "StackPushV2", "StackPopV2", "StackCloseV2"})
+
+_ids = itertools.count()
+
+
+class V1ControlFlowError(JaxportError, NotImplementedError):
+  """A v1 control-flow pattern this pass cannot recover."""
+
+  def __init__(self, message: str):
+    super().__init__(f"{message}. Rebuild the graph with control flow v2 "
+                     "(tf.compat.v1.enable_control_flow_v2()) if you can, which jaxport converts directly.")
+
+
+def has_v1_structure(graph: GraphFunction) -> bool:
+  ops = {n.op for n in graph.nodes.values()}
+  return bool(ops & (V1_CONTROL_FLOW | REF_VARIABLES | STACKS | {"TensorArrayGradV3"}))
+
+
+def lower_v1_graph(graph: GraphFunction, library: Library) -> GraphFunction:
+  """`graph` with its v1 loops and conds rewritten into While/If nodes (a new GraphFunction).
+
+  Graphs without v1 control flow or ref variables come back unchanged.
+  """
+  if not has_v1_structure(graph):
+    return graph
+  nodes = _live_copy(graph)
+  _refuse_stacks(nodes)
+  outputs = _insert_ref_reads(nodes, list(graph.outputs))
+  _link_tensor_array_gradients(nodes)
+  frames, parents = _assign_frames(nodes)
+  nodes = _rewrite_scope(nodes, "", frames, parents, library)
+  return GraphFunction(graph.name, nodes, list(graph.inputs), outputs, list(graph.control_outputs))
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _live_copy(graph: GraphFunction) -> dict[str, Node]:
+  """Copies of the nodes the outputs depend on (loop back edges included), plus the inputs."""
+  keep: set[str] = set()
+  stack = [n for n, _ in graph.outputs] + list(graph.control_outputs) + list(graph.inputs)
+  while stack:
+    name = stack.pop()
+    if name in keep or name not in graph.nodes:
+      continue
+    keep.add(name)
+    node = graph.nodes[name]
+    stack.extend(src for src, _ in node.inputs)
+    stack.extend(node.control_inputs)
+  return {name: _copy(graph.nodes[name]) for name in graph.nodes if name in keep}
+
+
+def _refuse_stacks(nodes: dict[str, Node]) -> None:
+  stacks: dict[str, list[str]] = {}
+  for node in nodes.values():
+    if node.op in STACKS:
+      stacks.setdefault(node.op, []).append(node.name)
+  if stacks:
+    error = UnsupportedOperationsError(stacks)
+    error.add_note("v1 stacks carry the in-graph gradient of a v1 while loop (tf.gradients through "
+                   "tf.compat.v1.while_loop). Convert the forward graph and take jax.grad of it instead.")
+    raise error
+
+
+def _copy(node: Node, **changes) -> Node:
+  fields = dict(name=node.name, op=node.op, inputs=list(node.inputs), control_inputs=list(node.control_inputs),
+                attrs=dict(node.attrs), node_def=node.node_def)
+  fields.update(changes)
+  return Node(**fields)
+
+
+def _placeholder(name: str, dtype=None) -> Node:
+  return Node(name, "Placeholder", [], [], {"dtype": dtype})
+
+
+def _topo_order(nodes: dict[str, Node]) -> list[str]:
+  """Every node in dependency order, ignoring loop back edges (NextIteration → Merge)."""
+  order, state = [], {}
+  for root in nodes:
+    stack = [(root, False)]
+    while stack:
+      name, expanded = stack.pop()
+      if expanded:
+        state[name] = 2
+        order.append(name)
+        continue
+      if state.get(name):
+        continue
+      state[name] = 1
+      stack.append((name, True))
+      for dep in _deps(nodes, nodes[name]):
+        if not state.get(dep):
+          stack.append((dep, False))
+  return order
+
+
+def _deps(nodes: dict[str, Node], node: Node) -> list[str]:
+  deps = [src for src, _ in node.inputs] + node.control_inputs
+  return [d for d in deps if d in nodes and nodes[d].op not in NEXT]
+
+
+def _insert_ref_reads(nodes: dict[str, Node], outputs: list) -> list:
+  """Puts a `_ReadRef` wherever a ref output feeds an input that is not a ref, and on ref
+  outputs of the graph (a Session fetches a ref's value). Returns the outputs."""
+  from jaxport.convert import _tf_compat
+  defs = {op: _tf_compat.op_def(op) for op in {n.op for n in nodes.values()}}
+  ref_out = {name for name, n in nodes.items()
+             if defs[n.op] is not None and any(a.is_ref for a in defs[n.op].output_arg)}
+  if not ref_out:
+    return outputs
+
+  def read(src: str, idx: int) -> tuple[str, int]:
+    name = f"{src}/_jaxport_read_{idx}"
+    if name not in nodes:
+      nodes[name] = Node(name, "_ReadRef", [(src, idx)], [], {})
+    return name, 0
+
+  for node in list(nodes.values()):
+    op_def = defs.get(node.op)
+    if op_def is None:
+      continue
+    args = list(op_def.input_arg)
+    for k, (src, idx) in enumerate(node.inputs):
+      arg = args[min(k, len(args) - 1)] if args else None
+      if src in ref_out and not (arg is not None and arg.is_ref):
+        node.inputs[k] = read(src, idx)
+  return [read(*ref) if ref[0] in ref_out else ref for ref in outputs]
+
+
+_FLOW_WRITES = frozenset({"TensorArrayWriteV3", "TensorArrayScatterV3", "TensorArraySplitV3"})
+_FLOW_READS = _FLOW_WRITES | {"TensorArrayReadV3", "TensorArrayGatherV3", "TensorArrayConcatV3"}
+_PASS_THROUGH = ENTER | EXIT | NEXT | MERGE | SWITCH | {"Identity", "AddN"}
+
+
+def _source(nodes: dict[str, Node], ref: tuple[str, int]) -> tuple[Node | None, int]:
+  """The node behind `ref`, seen through Identity and control-flow forwarding."""
+  seen = set()
+  while ref[0] in nodes and ref[0] not in seen:
+    seen.add(ref[0])
+    node = nodes[ref[0]]
+    if node.op not in _PASS_THROUGH or not node.inputs:
+      return node, ref[1]
+    ref = node.inputs[0]
+  return None, 0
+
+
+def _flow_kind(nodes: dict[str, Node], ref: tuple[str, int]) -> str | None:
+  """Whether a TensorArray flow carries a forward array ("forward") or a gradient array ("grad")."""
+  node, _ = _source(nodes, ref)
+  if node is None:
+    return None
+  if node.op == "TensorArrayV3":
+    return "forward"
+  if node.op == "TensorArrayGradV3":
+    return "grad"
+  if node.op in _FLOW_WRITES:
+    handle, _ = _source(nodes, node.inputs[0])
+    return "grad" if handle is not None and handle.op == "TensorArrayGradV3" else "forward"
+  return None
+
+
+def _link_tensor_array_gradients(nodes: dict[str, Node]) -> None:
+  """TF keeps one gradient array per (array, source) that many ops write, ordered by flows
+  that may be the forward array's; here flows carry the data, so an op on a gradient handle
+  whose flow is still the forward one starts from zeros, and the `AddN` of flows sums them."""
+  for node in nodes.values():
+    if node.op in _FLOW_READS:
+      handle, _ = _source(nodes, node.inputs[0])
+      if handle is not None and handle.op == "TensorArrayGradV3" and _flow_kind(nodes, node.inputs[-1]) == "forward":
+        node.attrs["_fresh_gradient"] = True
+    elif node.op == "AddN" and node.inputs and _flow_kind(nodes, node.inputs[0]) is not None:
+      node.op = "_TensorArrayFlowAddN"
+
+
+def _assign_frames(nodes: dict[str, Node]) -> tuple[dict[str, str], dict[str, str]]:
+  """The loop frame of every node ("" at the top) and each frame's parent frame."""
+  frames: dict[str, str] = {}
+  parents: dict[str, str] = {}
+  depth = {"": 0}
+  for name in _topo_order(nodes):
+    node = nodes[name]
+    ins = [frames[src] for src, _ in node.inputs if src in frames and nodes[src].op not in NEXT]
+    if not ins:
+      ins = [frames[c] for c in node.control_inputs if c in frames]
+    outer = max(ins, key=lambda f: depth[f]) if ins else ""
+    if node.op in ENTER:
+      frame = node.attrs.get("frame_name")
+      parents.setdefault(frame, outer)
+      depth.setdefault(frame, depth[outer] + 1)
+      frames[name] = frame
+    elif node.op in EXIT:
+      frames[name] = parents.get(outer, "")
+    else:
+      frames[name] = outer
+  return frames, parents
+
+
+def _inside(frame: str, ancestor: str, parents: dict[str, str]) -> bool:
+  while frame:
+    if frame == ancestor:
+      return True
+    frame = parents.get(frame, "")
+  return ancestor == ""
+
+
+def _consumers(nodes: dict[str, Node]) -> dict[str, list[str]]:
+  found: dict[str, list[str]] = {}
+  for name, node in nodes.items():
+    for src in {s for s, _ in node.inputs} | set(node.control_inputs):
+      found.setdefault(src, []).append(name)
+  return found
+
+
+class _Closure:
+  """Maps references to values outside a new function onto extra placeholder inputs."""
+
+  def __init__(self, fn_nodes: dict[str, Node], tag: str):
+    self.fn_nodes, self.tag = fn_nodes, tag
+    self.refs: list[tuple[str, int]] = []    # outside tensors, in input order
+    self.names: list[str] = []
+
+  def ref(self, src: str, idx: int) -> tuple[str, int]:
+    if src in self.fn_nodes:
+      return src, idx
+    if (src, idx) not in self.refs:
+      name = f"{src}:{idx}/_{self.tag}_capture"
+      self.refs.append((src, idx))
+      self.names.append(name)
+      self.fn_nodes[name] = _placeholder(name)
+    return self.names[self.refs.index((src, idx))], 0
+
+  def fix(self, node: Node, remap: dict) -> None:
+    """Redirects `node`'s inputs through `remap`, captures outside values, drops outside control deps."""
+    node.inputs = [self.ref(*remap.get(ref, ref)) for ref in node.inputs]
+    node.control_inputs = [remap.get(c, c) for c in node.control_inputs]
+    node.control_inputs = [c for c in node.control_inputs if c is not None and c in self.fn_nodes]
+
+
+def _replace_references(nodes: dict[str, Node], removed: set[str], stand_in: str) -> None:
+  """Control dependencies on removed nodes now wait for `stand_in`."""
+  for node in nodes.values():
+    if any(c in removed for c in node.control_inputs):
+      kept = [c for c in node.control_inputs if c not in removed]
+      node.control_inputs = kept + ([stand_in] if stand_in not in kept and stand_in != node.name else [])
+    for src, _ in node.inputs:
+      if src in removed:
+        raise V1ControlFlowError(f"node {node.name!r} reads {src!r} from inside a v1 loop or cond without "
+                                 "an Exit or Merge; jaxport cannot recover this structure")
+
+
+# --------------------------------------------------------------------------- scopes
+
+
+def _rewrite_scope(nodes: dict[str, Node], frame: str, frames, parents, library: Library) -> dict[str, Node]:
+  """Rewrites the child loop frames of `frame` among `nodes`, then the conds left at this level."""
+  children = sorted({frames[n] for n in nodes if n in frames and parents.get(frames[n]) == frame
+                     and frames[n] != frame})
+  for child in children:
+    _rewrite_loop(nodes, child, frames, parents, library)
+  _rewrite_conds(nodes, library)
+  return nodes
+
+
+def _rewrite_loop(nodes: dict[str, Node], frame: str, frames, parents, library: Library) -> None:
+  members = {n: node for n, node in nodes.items() if n in frames and _inside(frames[n], frame, parents)}
+  direct = {n: node for n, node in members.items() if frames[n] == frame}
+  consumers = _consumers(members)
+  enters = [n for n in direct.values() if n.op in ENTER]
+  loop_enters = [e for e in enters if not e.attrs.get("is_constant")]
+  const_enters = [e for e in enters if e.attrs.get("is_constant")]
+  loop_conds = [n for n in direct.values() if n.op == "LoopCond"]
+  if len(loop_conds) != 1:
+    raise V1ControlFlowError(f"v1 loop frame {frame!r} has {len(loop_conds)} LoopCond nodes, expected 1")
+  loop_cond = loop_conds[0]
+  merges, nexts, switches = [], [], []
+  for enter in loop_enters:
+    merge = next((members[c] for c in consumers.get(enter.name, []) if members[c].op in MERGE), None)
+    if merge is None:
+      raise V1ControlFlowError(f"loop variable Enter {enter.name!r} of frame {frame!r} feeds no Merge")
+    nxt = next((members[s] for s, _ in merge.inputs if s in members and members[s].op in NEXT), None)
+    switch = next((members[c] for c in consumers.get(merge.name, []) if members[c].op in SWITCH
+                   and members[c].inputs[1] == (loop_cond.name, 0)), None)
+    if nxt is None or switch is None:
+      raise V1ControlFlowError(f"loop variable {merge.name!r} of frame {frame!r} has no NextIteration or Switch")
+    merges.append(merge)
+    nexts.append(nxt)
+    switches.append(switch)
+
+  tag = f"v1_loop{next(_ids)}"
+  skip = {n.name for n in enters + nexts + switches + [loop_cond]}
+  fn_nodes: dict[str, Node] = {}
+  for name, node in members.items():
+    if name not in skip:
+      fn_nodes[name] = _copy(node)
+  for merge in merges:
+    fn_nodes[merge.name] = _placeholder(merge.name, merge.attrs.get("T"))
+  for enter in const_enters:
+    fn_nodes[enter.name] = _placeholder(enter.name, enter.attrs.get("T"))
+  remap = {}
+  for merge, switch in zip(merges, switches):
+    remap[(switch.name, 1)] = (merge.name, 0)
+    remap[switch.name] = merge.name
+  closure = _Closure(fn_nodes, tag)
+  for name in list(fn_nodes):
+    closure.fix(fn_nodes[name], remap)
+  pred = closure.ref(*remap.get(loop_cond.inputs[0], loop_cond.inputs[0]))
+  next_values = [closure.ref(*remap.get(n.inputs[0], n.inputs[0])) for n in nexts]
+  for name in closure.names:
+    frames[name] = frame
+  fn_nodes = _rewrite_scope(fn_nodes, frame, frames, parents, library)
+
+  invariants = [e.name for e in const_enters] + closure.names
+  arg_names = [m.name for m in merges] + invariants
+  cond_fn = GraphFunction(f"__{tag}_cond", fn_nodes, arg_names, [pred])
+  body_fn = GraphFunction(f"__{tag}_body", fn_nodes, arg_names, next_values + [(n, 0) for n in invariants])
+  library.add(cond_fn)
+  library.add(body_fn)
+
+  while_name = f"{frame}/_jaxport_{tag}"
+  outside_controls = sorted({c for e in enters for c in e.control_inputs if c not in members})
+  nodes[while_name] = Node(while_name, "While",
+                           [e.inputs[0] for e in loop_enters] + [e.inputs[0] for e in const_enters] + closure.refs,
+                           outside_controls,
+                           {"cond": FuncAttr(cond_fn.name, {}), "body": FuncAttr(body_fn.name, {}),
+                            "T": [m.attrs.get("T") for m in merges]})
+  frames[while_name] = parents.get(frame, "")
+  for name in members:
+    del nodes[name]
+  exits = {}
+  for name, node in nodes.items():
+    if node.op in EXIT and node.inputs and node.inputs[0][0] in {s.name for s in switches}:
+      i = [s.name for s in switches].index(node.inputs[0][0])
+      exits[name] = Node(name, "Identity", [(while_name, i)], [], {"T": node.attrs.get("T")})
+  nodes.update(exits)
+  _replace_references({n: v for n, v in nodes.items() if n != while_name}, set(members), while_name)
+
+
+# --------------------------------------------------------------------------- conds
+
+
+def _canonical(nodes: dict[str, Node], ref: tuple[str, int]) -> tuple[str, int]:
+  """A predicate seen through Identity nodes (`cond/pred_id`)."""
+  while ref[1] == 0 and ref[0] in nodes and nodes[ref[0]].op == "Identity":
+    ref = nodes[ref[0]].inputs[0]
+  return ref
+
+
+def _rewrite_conds(nodes: dict[str, Node], library: Library) -> None:
+  while True:
+    groups: dict[tuple[str, int], list[str]] = {}
+    for name, node in nodes.items():
+      if node.op in SWITCH:
+        groups.setdefault(_canonical(nodes, node.inputs[1]), []).append(name)
+    if not groups:
+      return
+    order = _topo_order(nodes)
+    regions = [r for pred, names in groups.items() for r in _cond_regions(nodes, order, pred, set(names))]
+    innermost = [r for r in regions if not any(nodes[n].op in SWITCH for n in r["side"])]
+    if not innermost:
+      raise V1ControlFlowError("could not find an innermost v1 cond among Switch nodes "
+                               f"{sorted(n for names in groups.values() for n in names)[:5]}")
+    for region in innermost:
+      _rewrite_cond(nodes, region, library)
+
+
+def _cond_regions(nodes, order, pred, switches: set[str]) -> list[dict]:
+  """The conds on `pred`: their switches, the side (0 else, 1 then) of every branch node, their merges."""
+  side: dict[str, int] = {}
+  merges: list[str] = []
+  origin: dict[str, str] = {}   # node -> a switch it comes from (to split conds sharing a predicate)
+  parent = {s: s for s in switches}
+
+  def find(s):
+    while parent[s] != s:
+      s = parent[s]
+    return s
+
+  def union(a, b):
+    parent[find(a)] = find(b)
+
+  for name in order:
+    node = nodes[name]
+    if name in switches:
+      continue
+    sides, sources = set(), []
+    for src, idx in node.inputs:
+      if src in switches:
+        sides.add(idx)
+        sources.append(src)
+      elif src in side:
+        sides.add(side[src])
+        sources.append(origin[src])
+    for c in node.control_inputs:
+      if c in side:
+        sides.add(side[c])
+        sources.append(origin[c])
+    if not sources:
+      continue
+    for s in sources[1:]:
+      union(sources[0], s)
+    if len(sides) == 2:
+      if node.op not in MERGE:
+        raise V1ControlFlowError(f"node {node.name!r} reads both branches of a v1 cond but is not a Merge")
+      merges.append(name)
+      origin[name] = sources[0]
+      continue
+    side[name] = sides.pop()
+    origin[name] = sources[0]
+  regions: dict[str, dict] = {}
+  for s in switches:
+    regions.setdefault(find(s), {"pred": pred, "switches": [], "side": {}, "merges": []})["switches"].append(s)
+  for name, b in side.items():
+    regions[find(origin[name])]["side"][name] = b
+  for name in merges:
+    regions[find(origin[name])]["merges"].append(name)
+  return list(regions.values())
+
+
+def _rewrite_cond(nodes: dict[str, Node], region: dict, library: Library) -> None:
+  switches = [n for n in region["switches"] if n in nodes]
+  side, merges = region["side"], region["merges"]
+  tag = f"v1_cond{next(_ids)}"
+  operands: list[tuple[str, int]] = []
+  for s in switches:
+    if nodes[s].inputs[0] not in operands:
+      operands.append(nodes[s].inputs[0])
+  consumers = _consumers(nodes)
+  wants_index = [m for m in merges if any((m, 1) in nodes[c].inputs for c in consumers.get(m, []))]
+
+  branches, closures = [], []
+  shared_refs: list[tuple[str, int]] = []
+  for b in (0, 1):
+    fn_nodes = {name: _copy(nodes[name]) for name, s in side.items() if s == b}
+    args = [f"{src}:{idx}/_{tag}_arg" for src, idx in operands]
+    for a in args:
+      fn_nodes[a] = _placeholder(a)
+    remap = {}
+    for s in switches:
+      remap[(s, b)] = (args[operands.index(nodes[s].inputs[0])], 0)
+      remap[s] = None
+    closure = _Closure(fn_nodes, f"{tag}_{b}")
+    for name in list(fn_nodes):
+      if name in side:
+        closure.fix(fn_nodes[name], remap)
+    outs = []
+    for m in merges:
+      ref = next(r for r in nodes[m].inputs if (r[0] in switches and r[1] == b) or side.get(r[0]) == b)
+      out = closure.ref(*remap.get(ref, ref))
+      if nodes[m].op == "RefMerge":   # a branch returning a ref returns its value
+        fn_nodes[f"{m}/_{tag}_{b}_read"] = Node(f"{m}/_{tag}_{b}_read", "_ReadRef", [out], [], {})
+        out = (f"{m}/_{tag}_{b}_read", 0)
+      outs.append(out)
+    for m in wants_index:
+      const = f"{m}/_{tag}_index"
+      fn_nodes[const] = Node(const, "Const", [], [], {"value": np.int32(b), "dtype": np.dtype(np.int32)})
+      outs.append((const, 0))
+    branches.append((fn_nodes, args, outs))
+    closures.append(closure)
+    shared_refs += [r for r in closure.refs if r not in shared_refs]
+
+  names = []
+  for b, ((fn_nodes, args, outs), closure) in enumerate(zip(branches, closures)):
+    captures = []
+    for ref in shared_refs:   # both branches take every captured value, in one order
+      if ref in closure.refs:
+        captures.append(closure.names[closure.refs.index(ref)])
+      else:
+        name = f"{ref[0]}:{ref[1]}/_{tag}_{b}_unused"
+        fn_nodes[name] = _placeholder(name)
+        captures.append(name)
+    fn = GraphFunction(f"__{tag}_{'then' if b else 'else'}", fn_nodes, args + captures, outs)
+    library.add(fn)
+    names.append(fn.name)
+
+  if_name = f"{merges[0] if merges else switches[0]}/_jaxport_{tag}"
+  nodes[if_name] = Node(if_name, "If", [region["pred"]] + operands + shared_refs, [],
+                        {"then_branch": FuncAttr(names[1], {}), "else_branch": FuncAttr(names[0], {}),
+                         "Tout": [nodes[m].attrs.get("T") for m in merges] + [np.dtype(np.int32)] * len(wants_index)})
+  removed = set(side) | set(switches)
+  for name in removed:
+    del nodes[name]
+  for j, m in enumerate(merges):
+    nodes[m] = Node(m, "Identity", [(if_name, j)], [], {"T": nodes[m].attrs.get("T")})
+  for k, m in enumerate(wants_index):
+    for node in nodes.values():
+      node.inputs = [(if_name, len(merges) + k) if ref == (m, 1) else ref for ref in node.inputs]
+  _replace_references({n: v for n, v in nodes.items() if n != if_name}, removed, if_name)
