@@ -205,6 +205,14 @@ def test_dropout_training(backend):
   x = np.abs(normal(4, 50, 20)) + 0.5
   layer = BACKENDS[backend].layers.Dropout(rate, seed=3)
   jax_fn, params = jaxport.convert(lambda x: layer(x, training=True), x)
+  if backend == "keras":   # Keras 3: a stateless op on its seed generator's state draws TF's very mask
+    assert not jax_fn.requires_rng
+    out, new_params = jax.jit(jax_fn)(params, x)
+    np.testing.assert_allclose(out, layer(x, training=True), rtol=1e-6)
+    following, _ = jax_fn(new_params, x)   # the state advanced as TF's did
+    np.testing.assert_allclose(following, layer(x, training=True), rtol=1e-6)
+    assert not np.array_equal(np.asarray(following) != 0, np.asarray(out) != 0)
+    return
   assert jax_fn.requires_rng
   with pytest.raises(jaxport.MissingInputError):
     jax_fn(params, x)

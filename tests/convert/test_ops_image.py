@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 import jaxport
+from jaxport.errors import InvalidNodeError
 from oracle import assert_close, check
 
 RAW = tf.raw_ops
@@ -126,3 +127,11 @@ def test_scale_and_translate_grad(kernel_type):
     return RAW.ScaleAndTranslateGrad(grads=dy, original_image=x, scale=[0.6, 1.7], translation=[0.3, -0.8],
                                      kernel_type=kernel_type, antialias=True)
   check(fn, dy, atol=1e-5, rtol=1e-5, grad=False)
+
+
+@pytest.mark.parametrize("op", ["ResizeNearestNeighbor", "ResizeBilinear", "ResizeBicubic"])
+def test_resize_rejects_align_corners_with_half_pixel_centers(op):
+  # TF's kernels refuse the pair at run time; jaxport refuses it when converting.
+  fn = lambda x: getattr(RAW, op)(images=x, size=[3, 4], align_corners=True, half_pixel_centers=True)  # noqa: E731
+  with pytest.raises(InvalidNodeError, match="If half_pixel_centers is True, align_corners must be False."):
+    jaxport.convert(fn, image(1, 5, 6, 1))

@@ -1,4 +1,7 @@
-"""Random ops: TF's distributions, shapes and dtypes, with randomness from the `rng` key."""
+"""Random ops: TF's distributions, shapes and dtypes; stateful ops draw from the `rng` key.
+
+Stateless ops ignore `rng` (they are functions of their seed); their bit-exactness with
+TF is tested in test_ops_stateless_random.py."""
 import jax
 import numpy as np
 import pytest
@@ -152,7 +155,8 @@ def uniform_pair(seed):
 def test_same_rng_same_values_different_rng_different_values():
   a, b, c = (run(uniform_pair, SEED, rng=k) for k in (KEY, KEY, jax.random.key(1)))
   np.testing.assert_array_equal(a, b)
-  assert not np.allclose(a[0], c[0]) and not np.allclose(a[1], c[1])
+  assert not np.allclose(a[0], c[0])
+  np.testing.assert_array_equal(a[1], c[1])   # stateless: the seed alone decides
 
 
 def test_raw_uint32_keys_work():
@@ -183,8 +187,8 @@ def test_seed_plumbing_get_alg_matches_tf():
 
 
 def test_seed_plumbing_key_counter_feeds_the_v2_ops():
-  """StatelessRandomGetKeyCounter(Alg) is how tf.random.stateless_* reach the V2 ops; their key and
-  counter stand for the seed (jaxport's, not TF's Philox values), so the V2 ops draw the seed's stream."""
+  """StatelessRandomGetKeyCounter(Alg) is how tf.random.stateless_* reach the V2 ops: the V2 ops
+  draw the seed's stream from its key and counter."""
   def fn(s):
     key, counter = RAW.StatelessRandomGetKeyCounter(seed=s)
     key2, counter2, alg2 = RAW.StatelessRandomGetKeyCounterAlg(seed=s)
@@ -211,13 +215,19 @@ def test_constant_and_traced_seeds_agree():
   np.testing.assert_array_equal(traced, wide)
 
 
-@pytest.mark.parametrize("fn", [lambda s: tf.random.normal([3]), lambda s: tf.random.stateless_normal([3], s),
-                                lambda s: tf.random.stateless_poisson([3], s, lam=2.0)],
-                         ids=["stateful", "stateless", "stateless_poisson"])
-def test_missing_rng_raises(fn):
-  jax_fn, params = jaxport.convert(fn, SEED)
+def test_missing_rng_raises():
+  jax_fn, params = jaxport.convert(lambda s: tf.random.normal([3]), SEED)
   with pytest.raises(jaxport.MissingInputError, match="PRNG key"):
     jax_fn(params, SEED)
+
+
+@pytest.mark.parametrize("fn", [lambda s: tf.random.stateless_normal([3], s),
+                                lambda s: tf.random.stateless_poisson([3], s, lam=2.0)],
+                         ids=["stateless", "stateless_poisson"])
+def test_stateless_ops_need_no_rng(fn):
+  jax_fn, params = jaxport.convert(fn, SEED)
+  assert not jax_fn.requires_rng
+  np.testing.assert_array_equal(jax_fn(params, SEED)[0], run(fn, SEED))
 
 
 def test_jit_matches_eager():

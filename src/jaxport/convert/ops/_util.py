@@ -1,8 +1,11 @@
 """Helpers shared by op rules."""
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jaxport.errors import DynamicShapeError
 
 
 def is_concrete(x) -> bool:
@@ -19,15 +22,29 @@ def xp(*arrays):
   return np if all(is_concrete(a) for a in arrays) else jnp
 
 
-def static_value(x, what: str = "value"):
-  """The NumPy value of an input that must be known at trace time."""
-  if not is_concrete(x):
-    raise ValueError(f"{what} must be a trace-time constant, but it depends on the function's inputs")
-  return np.asarray(x)
+def static_value(x, what: str = "value", ctx=None) -> np.ndarray:
+  """The NumPy value of an input that decides a shape (or another trace-time property).
+
+  NumPy constants qualify, and so do concrete jax Arrays: the converted function then runs
+  without jit, op by op. A tracer (jit, vmap, a TF loop body) raises `DynamicShapeError`
+  naming `ctx`'s node and the operand `what`.
+  """
+  value = known_value(x)
+  if value is None:
+    node = ctx.name if ctx is not None else None
+    raise DynamicShapeError(getattr(ctx, "op", None), node, what)
+  return value
 
 
-def static_ints(x, what: str = "value") -> list[int]:
-  return [int(v) for v in np.asarray(static_value(x, what)).reshape(-1)]
+def known_value(x) -> np.ndarray | None:
+  """The NumPy value of `x` when it is known now (a constant, or a concrete jax Array), else None."""
+  if is_concrete(x) or (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)):
+    return np.asarray(x)
+  return None   # a tracer, or a placeholder (e.g. control flow's unknown loop values)
+
+
+def static_ints(x, what: str = "value", ctx=None) -> list[int]:
+  return [int(v) for v in np.asarray(static_value(x, what, ctx)).reshape(-1)]
 
 
 def cast(x, dtype):
@@ -40,3 +57,17 @@ def cast(x, dtype):
 def as_array(x):
   """NumPy stays NumPy; everything else goes through jnp.asarray."""
   return np.asarray(x) if is_concrete(x) else jnp.asarray(x)
+
+
+# XLA rewrites `x / constant` as `x * (1 / constant)`, and its CPU backend fuses `a * b + c` into
+# an FMA; TF's kernels do neither. Where one rounding decides a branch (a pixel index, a box
+# inside the image, an IoU at its threshold), these keep TF's float arithmetic under jit.
+
+def rounded_product(product):
+  """`product`, rounded to its dtype before any later add: XLA cannot fuse through the select."""
+  return jnp.where(product == product, product, jnp.nan)
+
+
+def divide_as_written(x, constant):
+  """`x / constant`, divided (not multiplied by a rounded reciprocal) under jit too."""
+  return x / jax.lax.optimization_barrier(jnp.full_like(x, constant))

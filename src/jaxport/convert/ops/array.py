@@ -6,9 +6,12 @@ constant the rule computes with NumPy and returns NumPy, so reshape targets and
 slice bounds derived from `tf.shape` stay static under `jax.jit`.
 
 Differences from TF, by design of XLA:
-  * ops whose output shape depends on input values (`Where` with one input,
-    `Unique*`) need concrete inputs: they fail under `jax.jit`/`vmap`, and work
-    under `jax.grad` when the input is concrete there (e.g. a comparison mask).
+  * values that decide an output shape (`Range`'s bounds, `Fill`/`Reshape`/`Tile`
+    operands, the data of `Where` with one input and `Unique*`) must be known when
+    tracing (`_util.static_value`): constants always are, and so is everything when
+    the converted function runs without jit; under `jax.jit`/`vmap` they raise
+    `DynamicShapeError`. `jax.grad` works when the value is concrete there (e.g. a
+    comparison mask).
   * a traced `Slice` begin or `StridedSlice` index is clamped into range; TF raises.
   * with JAX's x64 mode off, int64/float64 values computed by JAX come out as
     int32/float32; NumPy constants (shapes, `Where`'s coordinates) keep TF's
@@ -24,12 +27,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxport.convert.ops._util import is_concrete, static_ints, xp
+from jaxport.convert.ops._util import is_concrete, known_value, static_ints, static_value, xp
 from jaxport.convert.registry import register
 
 
 def _static(ctx, x, operand: str) -> list[int]:
-  return static_ints(x, f"{ctx.op} operand {operand!r} (node {ctx.name!r})")
+  return static_ints(x, operand, ctx)
 
 
 def _static_int(ctx, x, operand: str) -> int:
@@ -57,20 +60,12 @@ def _as_plain(x):
 
 def _static_scalar(ctx, x, operand: str) -> np.ndarray:
   """An operand of any dtype that must be a trace-time constant."""
-  if not is_concrete(x):
-    raise ValueError(f"{ctx.op} operand {operand!r} (node {ctx.name!r}) must be a trace-time constant, "
-                     "but it depends on the function's inputs")
-  return np.asarray(x)
+  return static_value(x, operand, ctx)
 
 
 def _concrete_values(ctx, x) -> np.ndarray:
   """Input values for ops whose output shape depends on them."""
-  if isinstance(x, jax.core.Tracer):
-    raise ValueError(
-        f"{ctx.op} node {ctx.name!r} returns a shape that depends on its input values, which JAX cannot "
-        "trace: call the converted function without jax.jit/vmap/grad, or rewrite the TF code with a "
-        "fixed-size alternative (e.g. the 3-argument tf.where, or a mask).")
-  return np.asarray(x)
+  return static_value(x, "input values", ctx)
 
 
 # --------------------------------------------------------------------------- shapes
@@ -235,7 +230,7 @@ def fill(ctx, dims, value):
 def slice_(ctx, x, begin, size_):
   sizes = _static(ctx, size_, "size")
   dims = np.shape(x)
-  if not is_concrete(begin):
+  if known_value(begin) is None:
     if -1 in sizes:
       raise ValueError(f"Slice node {ctx.name!r}: with a begin that depends on the inputs, every size must "
                        f"be known (got {sizes}); the slice size of `x[i:]` is not static")
@@ -264,7 +259,7 @@ class _StridedIndex:
   def __init__(self, ctx, begin, end, strides):
     strides = _static(ctx, strides, "strides")
     n = len(strides)
-    begin_static, end_static = is_concrete(begin), is_concrete(end)
+    begin_static, end_static = known_value(begin) is not None, known_value(end) is not None
     begin_v = _static(ctx, begin, "begin") if begin_static else None
     end_v = _static(ctx, end, "end") if end_static else None
     begin_mask = _bits(ctx.attr("begin_mask", 0), n)
@@ -665,8 +660,8 @@ def matrix_diag_part(ctx, x, k=0, padding_value=0):
 
 
 def _block_args(ctx, block_shape, pairs, what):
-  block = static_ints(block_shape, f"{ctx.op} block_shape")
-  flat = static_ints(pairs, f"{ctx.op} {what}")
+  block = _static(ctx, block_shape, "block_shape")
+  flat = _static(ctx, pairs, what)
   return block, [tuple(flat[2 * i:2 * i + 2]) for i in range(len(block))]
 
 

@@ -13,6 +13,7 @@ from jax import lax
 
 from jaxport.convert.ops._util import static_ints, xp
 from jaxport.convert.registry import register
+from jaxport.errors import InvalidNodeError
 
 _F32 = np.float32
 _SPATIAL_AXES = (1, 2)   # images are [batch, height, width, channels]
@@ -30,8 +31,7 @@ class _Resize:
   def __init__(self, ctx, in_shape, out_sizes):
     self.align_corners = ctx.attr("align_corners", False)
     self.half_pixel = ctx.attr("half_pixel_centers", False)
-    if self.align_corners and self.half_pixel:
-      raise ValueError(f"{ctx.op}: align_corners and half_pixel_centers cannot both be true")
+    _check_resize_flags(ctx.node)
     self.in_shape = tuple(in_shape)
     self.out_sizes = [int(n) for n in out_sizes]
     self.scales = [_resize_scale(in_shape[a], n, self.align_corners)
@@ -84,11 +84,19 @@ def _nearest(images, spec: _Resize):
   return out
 
 
+def _check_resize_flags(node) -> None:
+  """TF's kernels refuse align_corners together with half_pixel_centers: so does conversion."""
+  if node.attrs.get("align_corners") is True and node.attrs.get("half_pixel_centers") is True:
+    raise InvalidNodeError(f"{node.op} node {node.name!r}: If half_pixel_centers is True, align_corners must "
+                           "be False. Set one of them to False, as TF requires.")
+
+
 def _register_resize(op: str, grad_op: str, resample) -> None:
   """A resize op and the gradient op TF emits for it, both from one resampling function."""
-  register(op)(lambda ctx, images, size: resample(images, _Resize.forward(ctx, images, size)))
+  register(op, check=_check_resize_flags)(
+      lambda ctx, images, size: resample(images, _Resize.forward(ctx, images, size)))
 
-  @register(grad_op)
+  @register(grad_op, check=_check_resize_flags)
   def grad(ctx, grads, original):
     if op == "ResizeNearestNeighbor":   # its second input is the original size, not the image
       shape, dtype = (grads.shape[0], *static_ints(original, "size"), grads.shape[3]), grads.dtype
@@ -184,11 +192,13 @@ def _area_weights(in_size, out_size, scale) -> np.ndarray:
   return weights / scale
 
 
-def _apply_weight_matrices(images, matrices, transpose=False):
-  """Contracts the height and width axes with [out, in] matrices (or their transposes: the gradient)."""
+def _apply_weight_matrices(ctx, images, matrices, transpose=False):
+  """Contracts the height and width axes with [out, in] matrices (or their transposes: the gradient),
+  at the precision of the `resize_bilinear_precision` config key (tf2jax's name; TF: highest)."""
   out = jnp.asarray(images).astype(jnp.float32)
   equation = "byxc,yh,xw->bhwc" if transpose else "bhwc,yh,xw->byxc"
-  return jnp.einsum(equation, out, matrices[0], matrices[1], precision=lax.Precision.HIGHEST)
+  precision = lax.Precision(ctx.config["resize_bilinear_precision"])
+  return jnp.einsum(equation, out, matrices[0], matrices[1], precision=precision)
 
 
 @register("ResizeArea")
@@ -197,7 +207,7 @@ def resize_area(ctx, images, size):
   align_corners = ctx.attr("align_corners", False)
   matrices = [_area_weights(images.shape[a], n, _resize_scale(images.shape[a], n, align_corners))
               for a, n in zip(_SPATIAL_AXES, out_sizes)]
-  return _apply_weight_matrices(images, matrices)
+  return _apply_weight_matrices(ctx, images, matrices)
 
 
 # --------------------------------------------------------------------------- scale and translate
@@ -281,10 +291,10 @@ def _scale_translate_matrices(ctx, in_shape, out_sizes, scale, translation):
 @register("ScaleAndTranslate")
 def scale_and_translate(ctx, images, size, scale, translation):
   matrices = _scale_translate_matrices(ctx, images.shape, static_ints(size, "size"), scale, translation)
-  return _apply_weight_matrices(images, matrices)
+  return _apply_weight_matrices(ctx, images, matrices)
 
 
 @register("ScaleAndTranslateGrad")
 def scale_and_translate_grad(ctx, grads, original_image, scale, translation):
   matrices = _scale_translate_matrices(ctx, original_image.shape, grads.shape[1:3], scale, translation)
-  return _apply_weight_matrices(grads, matrices, transpose=True).astype(original_image.dtype)
+  return _apply_weight_matrices(ctx, grads, matrices, transpose=True).astype(original_image.dtype)

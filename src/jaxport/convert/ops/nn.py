@@ -112,13 +112,13 @@ def _transpose(linear_fn, shape, cotangent):
 
 def _conv_backprop_input(ctx, input_sizes, w, out_backprop, nd: int, conv=_conv):
   spec = _ConvSpec(ctx.attr, nd)
-  shape = _full_input_shape(static_ints(input_sizes, "input_sizes"), w, out_backprop, spec)
+  shape = _full_input_shape(static_ints(input_sizes, "input_sizes", ctx), w, out_backprop, spec)
   return _transpose(lambda x: conv(x, w, spec), shape, out_backprop)
 
 
 def _conv_backprop_filter(ctx, x, filter_sizes, out_backprop, nd: int, conv=_conv):
   spec = _ConvSpec(ctx.attr, nd)
-  return _transpose(lambda w: conv(x, w, spec), static_ints(filter_sizes, "filter_sizes"), out_backprop)
+  return _transpose(lambda w: conv(x, w, spec), static_ints(filter_sizes, "filter_sizes", ctx), out_backprop)
 
 
 @register("Conv2DBackpropInput")
@@ -250,8 +250,8 @@ register("AvgPool3D")(_pool_rule(_avg_pool))
 
 @register("MaxPoolV2")
 def max_pool_v2(ctx, x, ksize, strides):
-  window, strides, pads = _pool_windows(ctx, static_ints(ksize, "ksize"),
-                                        static_ints(strides, "strides"), x.shape)
+  window, strides, pads = _pool_windows(ctx, static_ints(ksize, "ksize", ctx),
+                                        static_ints(strides, "strides", ctx), x.shape)
   return _max_pool(x, window, strides, pads)
 
 
@@ -267,13 +267,13 @@ def max_pool_grad(ctx, x, _, grad):
 
 @register("MaxPoolGradV2")
 def max_pool_grad_v2(ctx, x, _, grad, ksize, strides):
-  return _max_pool_grad(x, grad, *_pool_windows(ctx, static_ints(ksize, "ksize"),
-                                                static_ints(strides, "strides"), x.shape))
+  return _max_pool_grad(x, grad, *_pool_windows(ctx, static_ints(ksize, "ksize", ctx),
+                                                static_ints(strides, "strides", ctx), x.shape))
 
 
 @register("AvgPoolGrad", "AvgPool3DGrad")
 def avg_pool_grad(ctx, input_shape, grad):
-  shape = static_ints(input_shape, "orig_input_shape")
+  shape = static_ints(input_shape, "orig_input_shape", ctx)
   window, strides, pads = _pool_windows(ctx, ctx.attr("ksize"), ctx.attr("strides"), shape)
   return _transpose(lambda x: _avg_pool(x, window, strides, pads), shape, grad)
 

@@ -19,7 +19,7 @@ from jaxport.convert.registry import register
 
 def _axes(ctx, x, axis) -> tuple[int, ...]:
   rank = np.ndim(x)
-  axes = static_ints(axis, f"{ctx.op} axis")
+  axes = static_ints(axis, "axis", ctx)
   if any(not -rank <= a < rank for a in axes) or len({a % rank for a in axes}) != len(axes):
     raise ValueError(f"{ctx.op} node {ctx.name!r}: invalid axes {axes} for an input of rank {rank}")
   return tuple(sorted(a % rank for a in axes))

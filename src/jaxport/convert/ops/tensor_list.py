@@ -86,7 +86,7 @@ def empty_tensor_list(ctx, element_shape, max_num_elements):
 
 @register("TensorListReserve", structural=True)
 def tensor_list_reserve(ctx, element_shape, num_elements):
-  size, = static_ints(num_elements, "TensorListReserve num_elements")
+  size, = static_ints(num_elements, "num_elements", ctx)
   lst = TensorList(None, ctx.attr("element_dtype"), _shape_arg(element_shape), size)
   return lst.with_items(lst.dense()) if lst.known_element_shape() is not None else lst
 
@@ -123,6 +123,11 @@ def _resized(lst: TensorList, size: int, element_shape=None) -> TensorList:
 
 @register("TensorListGetItem", structural=True)
 def tensor_list_get_item(ctx, lst, index, element_shape):
+  wanted = np.dtype(ctx.attr("element_dtype", lst.dtype))
+  if wanted != lst.dtype and not ctx.config["disable_assert_in_tensor_list_get_item"]:
+    raise TypeError(f"TensorListGetItem {ctx.name!r} reads {wanted} elements from a list of {lst.dtype}; "
+                    "TF raises here too. To read anyway (as tf2jax allows), set the config key "
+                    "'disable_assert_in_tensor_list_get_item' to True.")
   if lst.items is None and lst.known_element_shape() is None:
     lst = TensorList(None, lst.dtype, _merge_shape(lst.element_shape, _shape_arg(element_shape)), lst.size)
   items = lst.dense()
@@ -202,7 +207,7 @@ def tensor_list_concat(ctx, lst, *_):
 
 @register("TensorListSplit", structural=True)
 def tensor_list_split(ctx, tensor, element_shape, lengths):
-  lens = static_ints(lengths, "TensorListSplit lengths")
+  lens = static_ints(lengths, "lengths", ctx)
   if len(set(lens)) > 1:
     raise ValueError("TensorListSplit with unequal lengths makes a ragged list, which jaxport does not support")
   n = len(lens)
@@ -211,5 +216,5 @@ def tensor_list_split(ctx, tensor, element_shape, lengths):
 
 @register("TensorListResize", structural=True)
 def tensor_list_resize(ctx, lst, size):
-  n, = static_ints(size, "TensorListResize size")
+  n, = static_ints(size, "size", ctx)
   return _resized(lst, n)

@@ -198,15 +198,15 @@ def xla_conv(ctx, lhs, rhs, strides, padding, lhs_dilation, rhs_dilation, featur
       (dn.input_batch_dimension, dn.input_feature_dimension, *dn.input_spatial_dimensions),
       (dn.kernel_output_feature_dimension, dn.kernel_input_feature_dimension, *dn.kernel_spatial_dimensions),
       (dn.output_batch_dimension, dn.output_feature_dimension, *dn.output_spatial_dimensions))
-  pads = static_ints(padding, "padding")
+  pads = static_ints(padding, "padding", ctx)
   lhs, rhs = _common_dtype(lhs, rhs)
   return lax.conv_general_dilated(
-      lhs, rhs, window_strides=static_ints(strides, "window_strides"),
+      lhs, rhs, window_strides=static_ints(strides, "window_strides", ctx),
       padding=list(zip(pads[::2], pads[1::2])),
-      lhs_dilation=static_ints(lhs_dilation, "lhs_dilation"),
-      rhs_dilation=static_ints(rhs_dilation, "rhs_dilation"),
+      lhs_dilation=static_ints(lhs_dilation, "lhs_dilation", ctx),
+      rhs_dilation=static_ints(rhs_dilation, "rhs_dilation", ctx),
       dimension_numbers=specs,
-      feature_group_count=static_ints(feature_group_count, "feature_group_count")[0],
+      feature_group_count=static_ints(feature_group_count, "feature_group_count", ctx)[0],
       batch_group_count=ctx.attr("batch_group_count", 1) or 1,
       precision=_precision(ctx), preferred_element_type=_preferred_type(ctx))
 
@@ -237,7 +237,7 @@ def xla_gather(ctx, operand, start_indices, slice_sizes):
       start_index_map=tuple(dn.start_index_map), operand_batching_dims=tuple(dn.operand_batching_dims),
       start_indices_batching_dims=batching)
   # XLA clamps start indices so every slice is in bounds: lax's CLIP mode.
-  return lax.gather(jnp.asarray(operand), indices, dims, tuple(static_ints(slice_sizes, "slice_sizes")),
+  return lax.gather(jnp.asarray(operand), indices, dims, tuple(static_ints(slice_sizes, "slice_sizes", ctx)),
                     indices_are_sorted=bool(ctx.attr("indices_are_sorted", False)),
                     mode=lax.GatherScatterMode.CLIP)
 
@@ -452,7 +452,7 @@ def _comparison_sort(compare: Callable, operands, axis: int):
 def xla_variadic_sort(ctx, *inputs):
   *operands, dimension = inputs
   operands = [jnp.asarray(x) for x in operands]
-  axis = static_ints(dimension, "dimension")[0]
+  axis = static_ints(dimension, "dimension", ctx)[0]
   comparator = ctx.attr("comparator")
   compare = lambda *scalars: ctx.runtime.call(comparator.name, scalars)[0]
   num_keys = _lexicographic_keys(compare, [x.dtype for x in operands])
@@ -478,8 +478,8 @@ def xla_key_value_sort(ctx, keys, values):
 @register("XlaPad")
 def xla_pad(ctx, x, padding_value, padding_low, padding_high, padding_interior):
   x = jnp.asarray(x)
-  config = list(zip(static_ints(padding_low, "padding_low"), static_ints(padding_high, "padding_high"),
-                    static_ints(padding_interior, "padding_interior")))
+  config = list(zip(static_ints(padding_low, "padding_low", ctx), static_ints(padding_high, "padding_high", ctx),
+                    static_ints(padding_interior, "padding_interior", ctx)))
   return lax.pad(x, jnp.asarray(padding_value, x.dtype), config)
 
 
@@ -495,7 +495,7 @@ def _start_indices(indices) -> list:
 def xla_dynamic_slice(ctx, x, start_indices, size_indices):
   # XLA clamps start indices into range; negative ones do not count from the end.
   return lax.dynamic_slice(jnp.asarray(x), _start_indices(start_indices),
-                           static_ints(size_indices, "size_indices"), allow_negative_indices=False)
+                           static_ints(size_indices, "size_indices", ctx), allow_negative_indices=False)
 
 
 @register("XlaDynamicUpdateSlice")
@@ -612,11 +612,11 @@ def xla_rng_bit_generator(ctx, algorithm, state, shape):
   if dtype.itemsize == 8 and not _x64():
     raise TypeError(f"XlaRngBitGenerator node {ctx.name!r} draws {dtype} bits, which JAX holds in 32 bits: "
                     "turn on 64-bit mode with jax.config.update('jax_enable_x64', True).")
-  alg = int(static_value(algorithm, "algorithm"))
+  alg = int(static_value(algorithm, "algorithm", ctx))
   if alg not in _RNG_ALGORITHMS:
     raise ValueError(f"XlaRngBitGenerator node {ctx.name!r}: unknown algorithm {alg}; "
                      "expected tf.random.Algorithm PHILOX (1), THREEFRY (2) or AUTO_SELECT (3).")
-  key, bits = lax.rng_bit_generator(_state_words(ctx, state), tuple(static_ints(shape, "shape")),
+  key, bits = lax.rng_bit_generator(_state_words(ctx, state), tuple(static_ints(shape, "shape", ctx)),
                                     dtype=dtype, algorithm=_RNG_ALGORITHMS[alg])
   pairs = key.reshape(2, 2)
   # Without 64-bit mode TF's uint64 state comes back as its low 32 bits, like every 64-bit value.
