@@ -166,3 +166,39 @@ def test_demo_runs_and_matches_tf(capsys):
   assert cli.main(["demo", "--batch", "2", "--repeats", "2"]) == 0
   out = capsys.readouterr().out
   assert "max abs error" in out and "match TensorFlow" in out
+
+
+# --------------------------------------------------------------------------- GraphDef files
+
+
+def _v1_graph_def():
+  from tf1_oracle import v1_graph
+  with v1_graph() as graph:
+    x = tf.compat.v1.placeholder(tf.float32, [3], name="x")
+    i = tf.constant(0)
+    _, y = tf.compat.v1.while_loop(lambda i, y: i < 4, lambda i, y: (i + 1, y * 2.0), [i, x])
+    tf.identity(tf.compat.v1.cond(tf.reduce_sum(y) > 0, lambda: y, lambda: -y), name="out")
+  return graph.as_graph_def()
+
+
+def test_inspect_reports_a_graph_def_file_with_v1_control_flow(tmp_path, capsys):
+  tf.io.write_graph(_v1_graph_def(), str(tmp_path), "model.pb", as_text=False)
+  tf.io.write_graph(_v1_graph_def(), str(tmp_path), "model.pbtxt", as_text=True)
+  for name in ("model.pb", "model.pbtxt"):
+    assert cli.main(["inspect", str(tmp_path / name), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    ops = {row["op"]: row["tier"] for r in report["functions"] for row in r["rows"]}
+    assert {"Switch", "Merge", "Enter", "Exit", "NextIteration", "LoopCond"} <= set(ops), ops
+    assert set(ops.values()) == {"native"}, ops
+
+
+def test_graph_def_file_errors(tmp_path, capsys):
+  (tmp_path / "junk.pb").write_bytes(b"\xff\x00not a graph")
+  (tmp_path / "empty.pb").write_bytes(b"")
+  assert cli.main(["inspect", str(tmp_path / "junk.pb")]) == 2
+  assert "not a readable GraphDef" in capsys.readouterr().err
+  assert cli.main(["inspect", str(tmp_path / "empty.pb")]) == 2
+  assert "no graph nodes" in capsys.readouterr().err
+  tf.io.write_graph(_v1_graph_def(), str(tmp_path), "model.pb", as_text=False)
+  assert cli.main(["convert", str(tmp_path / "model.pb"), str(tmp_path / "art")]) == 2
+  assert "convert_graph_def" in capsys.readouterr().err

@@ -6,25 +6,30 @@
 `import jaxport.flax` and needs `pip install 'jaxport[flax]'`.
 """
 from jaxport.artifact import LoadedFunction, export, load
-from jaxport.config import get_config, override_config, update_config
+from jaxport.config import get_config, override_config, override_configs, update_config
 from jaxport.convert import (ConvertedFunction, Variable, convert, convert_from_restored,
                              convert_functional, convert_functional_from_restored,
                              get_unsupported_operations)
+from jaxport.convert.graph_def import convert_functional_graph_def, convert_graph_def
 from jaxport.convert.inspect import InspectReport, inspect
-from jaxport.errors import (ArtifactError, AssertionFailedError, DeviceMismatchError, DtypeMismatchError, JaxportError,
-                            MissingInputError, ShapeMismatchError, ShardedArrayError, SignatureError,
-                            StableHLOError, UnsupportedOperationsError, ZeroCopyError)
+from jaxport.errors import (ArtifactError, AssertionFailedError, ConfigError, DeviceMismatchError, DtypeCastWarning,
+                            DtypeMismatchError, DynamicShapeError, JaxportError, MissingInputError, ShapeMismatchError,
+                            ShardedArrayError, SignatureError, StableHLOError, StaticArgumentError,
+                            UnsupportedOperationsError, UnsupportedValueError, ZeroCopyError)
 from jaxport.interop import shares_memory, to_cupy, to_jax, to_numpy, to_tf, to_torch
 
 __version__ = "0.1.0"
 
 __all__ = [
     "convert", "convert_functional", "convert_from_restored", "convert_functional_from_restored",
+    "convert_graph_def", "convert_functional_graph_def",
     "inspect", "InspectReport",
     "export", "load", "LoadedFunction", "ArtifactError",
-    "get_unsupported_operations", "get_config", "update_config", "override_config",
+    "get_unsupported_operations", "get_config", "update_config", "override_config", "override_configs",
     "MissingInputError", "UnsupportedOperationsError", "ShapeMismatchError", "DtypeMismatchError",
     "SignatureError", "JaxportError", "ConvertedFunction", "Variable",
     "to_jax", "to_torch", "to_tf", "to_numpy", "to_cupy", "shares_memory",
     "ZeroCopyError", "DeviceMismatchError", "ShardedArrayError", "AssertionFailedError", "StableHLOError",
+    "ConfigError", "DtypeCastWarning", "StaticArgumentError", "UnsupportedValueError",
+    "DynamicShapeError",
 ]

@@ -356,7 +356,7 @@ def main(argv=None) -> int:
         "Show which tier (native, stablehlo, callback, unsupported) converts each op of a SavedModel "
         "(every signature) or a .keras / .h5 Keras file, before anything runs. Exit status: 0 when "
         "everything converts, 1 when some op is unsupported, 2 for bad input."))
-    cmd.add_argument("path", help="a SavedModel directory, or a .keras / .h5 file")
+    cmd.add_argument("path", help="a SavedModel directory, a .keras / .h5 file, or (inspect) a .pb / .pbtxt GraphDef")
     cmd.add_argument("--json", action="store_true", help="print the report as JSON")
     cmd.add_argument("--signature", metavar="NAME", help="inspect only this signature (or function)")
     cmd.add_argument("--debug", action="store_true", help="show TF's logs and tracebacks")
@@ -365,7 +365,7 @@ def main(argv=None) -> int:
       "Convert a SavedModel's function or a .keras / .h5 model and write it to OUT as a TF-free artifact "
       "(StableHLO, safetensors params, a JSON manifest) that jaxport.load reads without TensorFlow. Exit status: "
       "0 when written, 1 when it cannot be converted or exported, 2 for bad input."))
-  convert.add_argument("path", metavar="SRC", help="a SavedModel directory, or a .keras / .h5 file")
+  convert.add_argument("path", metavar="SRC", help="a SavedModel directory, a .keras / .h5 file, or (inspect) a .pb / .pbtxt GraphDef")
   convert.add_argument("out", metavar="OUT", help="the artifact directory to write (new, empty, or an earlier artifact)")
   convert.add_argument("--platforms", default="cpu,cuda", help="platforms to lower for, comma-separated "
                        "(cpu, cuda, rocm, tpu; default: cpu,cuda)")
@@ -379,7 +379,7 @@ def main(argv=None) -> int:
   bench = sub.add_parser("bench", help="time a model converted against TF graph and TF XLA", description=(
       "Convert a model file's function, then time conversion, compilation and steady-state runs of the jitted "
       "JAX function against TF graph (tf.function) and TF XLA (jit_compile=True) on random inputs."))
-  bench.add_argument("path", metavar="SRC", help="a SavedModel directory, or a .keras / .h5 file")
+  bench.add_argument("path", metavar="SRC", help="a SavedModel directory, a .keras / .h5 file, or (inspect) a .pb / .pbtxt GraphDef")
   bench.add_argument("--batch", type=int, default=8, help="batch size of the random inputs (default: 8)")
   bench.add_argument("--repeats", type=int, default=10, help="timed runs; medians are shown (default: 10)")
   bench.add_argument("--signature", metavar="NAME", help="the SavedModel signature or function to time")

@@ -1,4 +1,5 @@
 """Typed errors raised by jaxport. Each names the problem and the way out."""
+import jax
 
 
 class JaxportError(Exception):
@@ -31,8 +32,9 @@ class ShapeMismatchError(JaxportError, ValueError):
   """An input's shape does not match the traced signature."""
 
 
-class DtypeMismatchError(JaxportError, TypeError):
-  """An input's dtype does not match the traced signature (strict_dtype_check)."""
+class DtypeMismatchError(JaxportError, TypeError, ValueError):
+  """An input's dtype does not match the traced signature (strict_dtype_check). Also a ValueError,
+  which tf2jax raises here."""
 
 
 class SignatureError(JaxportError, ValueError):
@@ -99,6 +101,25 @@ class ArtifactError(JaxportError, ValueError):
   or changed file, a manifest that does not check out, or a platform it was not exported for."""
 
 
+class DynamicShapeError(JaxportError, ValueError, jax.errors.ConcretizationTypeError):
+  """A value that decides an output shape (a Range limit, a Reshape target, Where's mask...) is
+  traced: under `jax.jit`/`vmap`, or inside a TF loop, it is not known until run time.
+
+  `.op`, `.node` and `.operand` say which; eager calls (no jit) see concrete values and work.
+  Also a `jax.errors.ConcretizationTypeError`, what JAX (and tf2jax) raise in this case.
+  """
+
+  def __init__(self, op: str | None, node: str | None, operand: str):
+    self.op, self.node, self.operand = op, node, operand
+    where = f"{op} node {node!r} needs its `{operand}`" if node else f"`{operand}` is needed"
+    Exception.__init__(   # not ConcretizationTypeError's (it wants the tracer)
+        self,
+        f"{where} as a trace-time constant, but it depends on the function's inputs, which are traced "
+        "here (under jax.jit, vmap or grad, or inside a TF loop or cond): call the converted function without "
+        "jax.jit (its inputs are then concrete), or make the value a constant of the TF function "
+        "(close over it instead of passing it in), or use a fixed-size alternative in TF.")
+
+
 class InteropInputError(JaxportError, TypeError):
   """`jaxport.interop` cannot exchange this input: not an array or DLPack producer, an unsupported
   dtype or byte order, or a producer that does not keep the DLPack protocol."""
@@ -115,3 +136,27 @@ class LoaderStateError(JaxportError, ValueError):
   def __init__(self, field: str, message: str):
     self.field = field
     super().__init__(f"jaxport.data: invalid loader state, field {field!r}: {message}")
+
+
+class ConfigError(JaxportError, ValueError, TypeError):
+  """`update_config`/`override_config` got an unknown key or a value of the wrong type."""
+
+
+class UnsupportedValueError(JaxportError, TypeError, ValueError):
+  """A value jaxport cannot take or return: `convert(None)`, a `None` input, params that are not a
+  dict, a ragged or sparse tensor where a dense one belongs. The message names it and the way out."""
+
+
+class StaticArgumentError(SignatureError):
+  """A static argument (`training`, a string mode, a `None` mask) differs from the traced value and
+  the function cannot be retraced (it came from a SavedModel signature)."""
+
+
+class InvalidNodeError(JaxportError, ValueError):
+  """A node TF itself would reject: an attribute combination or a known operand value its kernel
+  refuses (align_corners with half_pixel_centers, an iou_threshold outside [0, 1]). The message
+  names the node and quotes TF's rule."""
+
+
+class DtypeCastWarning(UserWarning):
+  """An input or param of another dtype was cast to the traced dtype (`strict_dtype_check` off)."""

@@ -6,6 +6,7 @@ import tensorflow as tf
 from jax.experimental import checkify
 
 import jaxport
+from jaxport.errors import AssertionFailedError
 from oracle import check
 
 IDS = np.array([[1, 4, 2]], np.int32)
@@ -56,7 +57,7 @@ def test_check_numerics():
   err, out = jax.jit(checkify.checkify(f))(x)
   assert err.get() is None and np.allclose(out, 2 * x)
   err, _ = jax.jit(checkify.checkify(f))(np.array([np.nan, 1.0], np.float32))
-  assert "activations {bad}" in err.get() and "NaN or Inf" in err.get()
+  assert "activations {bad}" in err.get() and "Found NaN values" in err.get()
 
 
 def test_ensure_shape_is_checked_against_the_shapes_it_gets():
@@ -65,3 +66,40 @@ def test_ensure_shape_is_checked_against_the_shapes_it_gets():
   np.testing.assert_allclose(f(np.ones((2, 3), np.float32)), 2.0)
   with pytest.raises(jaxport.ShapeMismatchError, match="not compatible with expected shape"):
     jax.jit(f)(np.ones((2, 4), np.float32))
+
+
+# TF raises for out-of-range gather indices and integer division by zero (on CPU); converted, they
+# raise on constants and, with enable_checkify_for_asserts, are checkify checks under jit.
+
+def test_out_of_range_gather_indices_are_checkable():
+  params = np.arange(12, dtype=np.float32).reshape(4, 3)
+  with jaxport.override_config("enable_checkify_for_asserts", True):
+    gather = jaxport.convert_functional(lambda p, i: tf.gather(p, i), params, np.array([0, 1], np.int32))
+    gather_nd = jaxport.convert_functional(lambda p, i: tf.gather_nd(p, i), params, np.array([[0, 1]], np.int32))
+  err, out = jax.jit(checkify.checkify(gather))(params, np.array([3, 1], np.int32))
+  err.throw()
+  np.testing.assert_array_equal(out, params[[3, 1]])
+  err, _ = jax.jit(checkify.checkify(gather))(params, np.array([0, 4], np.int32))
+  with pytest.raises(checkify.JaxRuntimeError, match=r"index 4 is not in \[0, 4\)"):
+    err.throw()
+  err, _ = jax.jit(checkify.checkify(gather_nd))(params, np.array([[1, 3]], np.int32))
+  with pytest.raises(checkify.JaxRuntimeError, match="index 3 is not in"):
+    err.throw()
+  with pytest.raises(AssertionFailedError, match="index -1"):   # constant indices raise, as in TF
+    jaxport.convert_functional(lambda p: tf.gather(p, [-1]), params)(params)
+
+
+def test_integer_division_by_zero_is_checkable():
+  x = np.array([6, 7], np.int32)
+  with jaxport.override_config("enable_checkify_for_asserts", True):
+    fns = [jaxport.convert_functional(fn, x, x) for fn in (
+        tf.math.floordiv, tf.math.floormod, tf.truncatediv, tf.truncatemod,
+        lambda a, b: tf.raw_ops.Div(x=a, y=b))]
+  for fn in fns:
+    err, _ = jax.jit(checkify.checkify(fn))(x, np.array([2, 3], np.int32))
+    err.throw()
+    err, _ = jax.jit(checkify.checkify(fn))(x, np.array([2, 0], np.int32))
+    with pytest.raises(checkify.JaxRuntimeError, match="Integer division by zero"):
+      err.throw()
+  with pytest.raises(AssertionFailedError, match="Integer division by zero"):
+    jaxport.convert_functional(lambda a: a // tf.constant(0), x)(x)

@@ -1,9 +1,10 @@
 """tf2jax-compatible entry points: TF functions, Keras models, SavedModels → JAX."""
 from __future__ import annotations
 
-import dataclasses
+import inspect
 from typing import Any, Callable, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import tree
@@ -14,8 +15,10 @@ from jaxport.convert.graph import FuncAttr, GraphFunction, Library, decode_nodes
 from jaxport.convert.interpreter import Runtime, VariableRef, run_function
 from jaxport.convert.registry import Tier, get_rule, ops_where
 from jaxport.convert.tiers import GRAPH_INPUT_OPS, op_tier
-from jaxport.errors import (DtypeMismatchError, MissingInputError, ShapeMismatchError,
-                            SignatureError, UnsupportedOperationsError)
+from jaxport.convert.signature import (InputSpec, Signature, composite_kind, check_params, is_static_leaf,
+                                       path_name, plain_structure)
+from jaxport.errors import (UnsupportedValueError, MissingInputError, SignatureError, StaticArgumentError,
+                            UnsupportedOperationsError)
 
 
 class Variable(np.ndarray):
@@ -31,84 +34,101 @@ class Variable(np.ndarray):
     self.trainable = getattr(obj, "trainable", True)
 
 
-@dataclasses.dataclass(frozen=True)
-class InputSpec:
-  path: str
-  shape: tuple[int | None, ...] | None
-  dtype: np.dtype
-
-
 class ConvertedFunction:
   """`f(params, *args, rng=None, **kwargs) -> (outputs, new_params)`.
 
   Attributes: `params` holds the initial values (as `Variable`s), `trainable`
   maps each parameter to its flag, `tf_variables` to its source tf.Variable,
   `requires_rng` says whether `rng` is needed.
+
+  Arguments are matched to the traced signature by name. A static argument (`training`,
+  a string mode, `None`) that differs from the traced value retraces the TF function
+  for that value, as `jax.jit` does for static arguments (a function restored from a
+  SavedModel signature cannot retrace: it raises `StaticArgumentError`).
   """
 
-  def __init__(self, graph: GraphFunction, library: Library, *, input_specs, static_leaves,
-               input_structure, captures, output_structure, output_leaves, param_keys,
-               config, requires_rng, name, custom_gradients=None):
+  def __init__(self, graph: GraphFunction, library: Library, *, signature: Signature, input_structure,
+               captures, output_structure, output_leaves, param_specs, config, requires_rng, name,
+               custom_gradients=None, retrace=None):
     self._graph, self._library = graph, library
     self._custom_gradients = custom_gradients or {}
-    self._input_specs = input_specs          # one per tensor leaf of (args, kwargs)
-    self._static_leaves = static_leaves      # leaf index -> value kept static at trace time
-    self._input_structure = input_structure
+    self._signature = signature
+    self._input_structure = input_structure  # the example (args, kwargs) of the trace
     self._captures = captures                # VariableRef or constant, per captured input
     self._output_structure = output_structure
     self._output_leaves = output_leaves      # index into graph outputs, or ("static", value)
-    self.param_keys = tuple(param_keys)
+    self._param_specs = param_specs          # key -> ShapeDtypeStruct of its variable
+    self.param_keys = tuple(param_specs)
     self._config = config
+    self._retrace = retrace                  # (args, kwargs) -> ConvertedFunction, or None
+    self._variants: dict = {}                # static values -> retraced ConvertedFunction
+    self._warned_params: set[str] = set()
     self.requires_rng = requires_rng
     self.__name__ = name
 
   def __call__(self, params, *args, rng=None, **kwargs):
-    params = dict(params) if params is not None else {}
-    missing = [k for k in self.param_keys if k not in params]
-    if missing:
-      raise MissingInputError(f"params is missing {len(missing)} parameter(s): {', '.join(missing)}. "
-                              "Pass the params returned by jaxport.convert.")
+    mismatches = self._signature.static_mismatches(args, kwargs)
+    if mismatches:
+      return self._variant(args, kwargs, mismatches)(params, *args, rng=rng, **kwargs)
+    # Read at the call, as tf2jax does, and at conversion: off at either skips the shape check, on at
+    # either makes dtypes strict.
+    strict_shape = self._config["strict_shape_check"] and _config.get_config("strict_shape_check")
+    strict_dtype = self._config["strict_dtype_check"] or _config.get_config("strict_dtype_check")
+    lacking = [k for k in getattr(self, "_uninitialized", {}) if not isinstance(params, dict) or k not in params]
+    if lacking:
+      raise MissingInputError(
+          f"{self._uninitialized[lacking[0]]} cannot be evaluated: the graph's variable was never initialized, "
+          f"so convert() has no value for it. Some parameters are missing, {lacking}; pass their values in params.")
+    state = check_params(params, self._param_specs, strict_dtype=strict_dtype, warned=self._warned_params)
+    new_params = dict(state)
+    state = {k: state[k] for k in self.param_keys}
     if self.requires_rng and rng is None:
       raise MissingInputError("this function uses random ops and needs a PRNG key: pass rng=jax.random.key(seed)")
-    inputs = self._flatten_inputs(args, kwargs)
-    state = {k: jnp.asarray(params[k]) for k in self.param_keys}
+    inputs = self._signature.tensor_inputs(args, kwargs, strict_shape=strict_shape,
+                                           strict_dtype=strict_dtype)
     runtime = Runtime(self._library, self._config, state, rng, self._custom_gradients)
     outs = run_function(self._graph, inputs + list(self._captures), runtime)
-    leaves = [leaf[1] if isinstance(leaf, tuple) else jnp.asarray(outs[leaf]) for leaf in self._output_leaves]
+    leaves = [leaf[1] if isinstance(leaf, tuple) else self._output_array(outs, leaf) for leaf in self._output_leaves]
     outputs = tree.unflatten_as(self._output_structure, leaves)
-    new_params = dict(params)
     new_params.update(runtime.state)
     return outputs, new_params
 
-  def _flatten_inputs(self, args, kwargs) -> list:
-    leaves = tree.flatten((args, kwargs))
-    n_expected = len(self._input_specs) + len(self._static_leaves)
-    if len(leaves) < n_expected:
-      names = ", ".join(s.path for s in self._input_specs)
-      raise MissingInputError(f"expected {n_expected} input leaves ({names}), got {len(leaves)}; "
-                              "call with the same structure of arguments used for conversion.")
-    try:
-      tree.assert_same_structure(self._input_structure, (args, kwargs), check_types=False)
-    except (ValueError, TypeError) as e:
-      raise MissingInputError(f"inputs do not match the traced structure: {e}") from None
-    tensors = [x for i, x in enumerate(leaves) if i not in self._static_leaves]
-    out = []
-    for spec, x in zip(self._input_specs, tensors):
-      x = jnp.asarray(x)
-      self._check_input(spec, x)
-      out.append(x)
-    return out
+  def _output_array(self, outs, i: int):
+    if isinstance(outs[i], VariableRef):   # a resource handle returned as a value
+      src, _ = self._graph.outputs[i]
+      while self._graph.nodes[src].op in ("Identity", "IdentityN") and self._graph.nodes[src].inputs:
+        src = self._graph.nodes[src].inputs[0][0]
+      raise UnsupportedValueError(
+          f"{self._graph.nodes[src].op} `{src}` cannot be evaluated: the function returns a resource handle "
+          "(a variable itself), which has no array value; return the variable's value instead "
+          "(e.g. `v.read_value()` or `tf.identity(v)`).")
+    return jnp.asarray(outs[i])
 
-  def _check_input(self, spec: InputSpec, x) -> None:
-    if self._config["strict_shape_check"] and spec.shape is not None:
-      got = tuple(x.shape)
-      if len(got) != len(spec.shape) or any(e is not None and e != g for e, g in zip(spec.shape, got)):
-        expected = "(" + ", ".join(str(d) for d in spec.shape) + ("," if len(spec.shape) == 1 else "") + ")"
-        raise ShapeMismatchError(
-            f"input {spec.path}: expected shape {expected}, got {got}. Convert with a TensorSpec whose "
-            "free dims are None, or disable the check with override_config('strict_shape_check', False).")
-    if self._config["strict_dtype_check"] and np.dtype(x.dtype) != spec.dtype:
-      raise DtypeMismatchError(f"input {spec.path}: expected dtype {spec.dtype}, got {np.dtype(x.dtype)}.")
+  @property
+  def signature(self) -> inspect.Signature:
+    """The TF function's signature (tf2jax's `AnnotatedFunction.signature`)."""
+    return self.__signature__
+
+  def _variant(self, args, kwargs, mismatches) -> "ConvertedFunction":
+    """The function retraced for this call's static values (cached per value)."""
+    key = tuple((m.path, type(m.given).__name__, repr(m.given)) for m in mismatches)
+    if key in self._variants:
+      return self._variants[key]
+    if self._retrace is None:
+      m = mismatches[0]
+      raise StaticArgumentError(
+          f"argument {m.path} was traced as {m.traced!r} (baked into the graph) and this call gives "
+          f"{m.given!r}; a function converted from a SavedModel signature cannot retrace. Convert with "
+          f"jaxport.convert(restored_fn, ..., {m.path.split('[')[0]}=...) for that value.")
+    variant = self._retrace(args, kwargs, self._signature)
+    extra = sorted(set(variant.param_keys) - set(self.param_keys))
+    if extra:
+      raise StaticArgumentError(
+          f"retraced for {', '.join(f'{m.path}={m.given!r}' for m in mismatches)}, the function uses "
+          f"variables the first trace did not ({', '.join(extra[:5])}); convert again with these "
+          "arguments to get params that include them.")
+    self._variants[key] = variant
+    return variant
 
 
 # --------------------------------------------------------------------------- tracing
@@ -164,17 +184,17 @@ def _handle(variable):
   return getattr(getattr(variable, "_value", variable), "handle", None)
 
 
-def _is_static_leaf(x) -> bool:
-  """Leaves that stay Python values in the trace (e.g. `training=True`), not tensor inputs."""
-  return isinstance(x, (bool, str, bytes)) or x is None
-
-
 def _to_spec(x):
   tf = _tf()
   if isinstance(x, tf.TensorSpec):
     return x
-  if _is_static_leaf(x):
+  if is_static_leaf(x):
     return x
+  kind = composite_kind(x)
+  if kind:
+    raise UnsupportedValueError(f"example input {x!r:.60} is a tf.{kind}; jaxport converts dense tensors. Pass a "
+                     "dense tensor (e.g. `.to_tensor()`), or convert a function that builds the composite "
+                     "tensor inside TF from dense inputs.")
   if isinstance(x, float):
     return tf.TensorSpec((), tf.float32)
   if isinstance(x, int):
@@ -193,21 +213,12 @@ def _concrete_function(fn, args, kwargs):
     return fn, {}
   keras_variables = _keras_variables(fn)
   if _is_keras_object(fn) and not hasattr(fn, "get_concrete_function"):
-    model = fn
-    fn = tf.function(lambda *a, **k: model(*a, **k))
+    model = fn   # a bare model converts for inference unless `training=True` is passed
+    fn = tf.function(lambda *a, **k: model(*a, **{"training": False, **k}))
   elif not hasattr(fn, "get_concrete_function"):
     fn = tf.function(fn)
   spec_args, spec_kwargs = tree.map_structure(_to_spec, (tuple(args), dict(kwargs)))
   return fn.get_concrete_function(*spec_args, **spec_kwargs), keras_variables
-
-
-def _path_name(path) -> str:
-  """How an error names the leaf at `path` in (args, kwargs): `args[0]['x']`, `scale`."""
-  head, *rest = path
-  if not rest:
-    return "args" if head == 0 else "kwargs"
-  name = f"args[{rest[0]}]" if head == 0 else str(rest[0])
-  return name + "".join(f"[{p!r}]" for p in rest[1:])
 
 
 def _live_functions(graph: GraphFunction, library: Library, missing: dict[str, list[str]] | None = None):
@@ -299,12 +310,24 @@ class _ParamCollector:
     self.params: dict[str, Variable] = {}
     self.tf_variables: dict = {}
 
+  @staticmethod
+  def _value(var):
+    """The variable's value; zeros of its shape inside a TF trace (where it cannot be read) or with
+    `skip_variables_evaluation_inside_tf_tracing` set: the caller then passes params itself."""
+    tf = _tf()
+    if _config.get_config("skip_variables_evaluation_inside_tf_tracing") or not tf.executing_eagerly():
+      return np.zeros(var.shape, var.dtype.as_numpy_dtype)
+    return var.numpy()
+
   def ref(self, handle, what: str, variables=()) -> VariableRef:
     """The VariableRef of the variable behind an eager resource `handle`."""
     if id(handle) not in self._refs:
       var = self._variables.get(id(handle))
       if var is None:
         var = next((v for v in variables if v.handle is handle), None)
+      if var is None:   # captured by a raw op on `v.handle` (optimizer slots)
+        from jaxport.convert.handle_owners import owning_variable
+        var = owning_variable(handle)
       if var is None:
         raise TypeError(f"{what} is not a tf.Variable (tables and iterators cannot be converted); "
                         "pass its contents as an input instead")
@@ -314,7 +337,7 @@ class _ParamCollector:
       while key in self.params:
         key, n = f"{base}_{n}", n + 1
       trainable = keras.trainable if keras else var.trainable
-      self.params[key] = Variable(var.numpy(), name=var.name, trainable=trainable)
+      self.params[key] = Variable(self._value(var), name=var.name, trainable=trainable)
       self.tf_variables[key] = var
       self._refs[id(handle)] = VariableRef(key)
     return self._refs[id(handle)]
@@ -335,11 +358,18 @@ def _decode_graph(cf):
       output_leaves.append(len(output_refs))
       output_refs.append((ref.op.name, ref.value_index))
     elif hasattr(leaf, "_type_spec") or isinstance(leaf, tf.TypeSpec):
-      raise TypeError(f"output {leaf!r} is a composite tensor; return dense tensors instead")
+      raise UnsupportedValueError(f"output {leaf!r:.80} is a composite tensor ({type(leaf).__name__}); "
+                                  "return dense tensors instead (e.g. `.to_tensor()`).")
     else:
       output_leaves.append(("static", leaf))
-  graph = GraphFunction("main", nodes, [t.op.name for t in cf.inputs], output_refs, [])
-  return graph, library, output_leaves
+  # Control outputs that assign variables run (an update with no data consumer is not lost);
+  # other side effects (prints, summaries) are left out, as before.
+  from jaxport.convert.ops.control_flow import node_writes_state
+  controls = [op.name for op in cf.graph.control_outputs
+              if op.name in nodes and node_writes_state(library, nodes[op.name])]
+  graph = GraphFunction("main", nodes, [t.op.name for t in cf.inputs], output_refs, controls)
+  from jaxport.convert.v1_control_flow import lower_v1_graph
+  return lower_v1_graph(graph, library), library, output_leaves   # TF1 graphs: v1 loops/conds, ref variables
 
 
 def unsupported_in_concrete(cf) -> dict[str, list[str]]:
@@ -348,7 +378,33 @@ def unsupported_in_concrete(cf) -> dict[str, list[str]]:
   return _unsupported(_op_uses(graph, library), library, _config.snapshot())
 
 
-def _from_concrete(cf, keras_variables: dict[int, KerasVariable], input_structure, static_leaves) -> tuple[ConvertedFunction, dict]:
+def _python_signature(cf, fn=None) -> inspect.Signature:
+  """The TF function's own signature: its Python function's, else named from the traced specs."""
+  python_fn = getattr(fn, "python_function", None) or (getattr(fn, "call", None) if _is_keras_object(fn) else fn)
+  if python_fn is not None:
+    try:
+      return inspect.signature(python_fn)
+    except (TypeError, ValueError):
+      pass
+  args, kwargs = cf.structured_input_signature
+  named = [inspect.Parameter(getattr(a, "name", None) or f"arg{i}", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+           for i, a in enumerate(args)]
+  return inspect.Signature(named + [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY) for k in kwargs])
+
+
+def _annotate(jax_fn, cf, signature_of) -> None:
+  """tf2jax's metadata: `structured_inputs`/`structured_outputs` (TensorSpecs) and the TF
+  function's `signature` (also what `inspect.signature` reports)."""
+  tf = _tf()
+  jax_fn.structured_inputs = cf.structured_input_signature
+  jax_fn.structured_outputs = tree.map_structure(
+      lambda t: tf.TensorSpec(t.shape, t.dtype, name=t.op.name) if isinstance(t, tf.Tensor) else t,
+      cf.structured_outputs)
+  jax_fn.__signature__ = signature_of(cf)
+
+
+def _from_concrete(cf, keras_variables: dict[int, KerasVariable], input_structure, static_leaves,
+                   retrace=None, signature_of=_python_signature) -> tuple[ConvertedFunction, dict]:
   tf = _tf()
   conf = _config.snapshot()
   graph, library, output_leaves = _decode_graph(cf)
@@ -369,6 +425,13 @@ def _from_concrete(cf, keras_variables: dict[int, KerasVariable], input_structur
       captures.append(np.asarray(external.numpy()))
   custom_gradients = _custom_gradients(cf, graph, library, collector.ref) if conf["convert_custom_gradient"] else {}
   params, tf_variables = collector.params, collector.tf_variables
+  from jaxport.convert.graph_def import graph_level_params   # TF1 graphs: variables in the graph itself
+  graph_values, graph_specs = graph_level_params(cf, graph, library, exclude=params)
+  params.update(graph_values)
+  from jaxport.convert.graph_def import variable_key
+  uninitialized = {variable_key(n): f"{n.op} `{n.name}`" for n in graph.live_nodes()
+                   if n.op in ("VariableV2", "Variable", "VarHandleOp")
+                   and variable_key(n) in graph_specs and variable_key(n) not in params}
 
   uses = _op_uses(graph, library)
   missing = _unsupported(uses, library, conf)
@@ -380,16 +443,20 @@ def _from_concrete(cf, keras_variables: dict[int, KerasVariable], input_structur
   leaf_paths = [p for i, (p, _) in enumerate(tree.flatten_with_path(input_structure)) if i not in static_leaves]
   for path, t in zip(leaf_paths, user_inputs):
     shape = None if t.shape.rank is None else tuple(t.shape.as_list())
-    specs.append(InputSpec(_path_name(path), shape, np.dtype(t.dtype.as_numpy_dtype)))
+    specs.append(InputSpec(path_name(path), shape, np.dtype(t.dtype.as_numpy_dtype)))
+  param_specs = {k: jax.ShapeDtypeStruct(v.shape, jax.dtypes.canonicalize_dtype(v.dtype)) for k, v in params.items()}
+  param_specs.update({k: v for k, v in graph_specs.items() if k not in param_specs})
 
   jax_fn = ConvertedFunction(
-      graph, library, input_specs=specs, static_leaves=static_leaves, input_structure=input_structure,
-      captures=captures, output_structure=tree.map_structure(lambda _: 0, cf.structured_outputs),
-      output_leaves=output_leaves,
-      param_keys=list(params), config=conf, requires_rng=bool(ops_where(needs_rng=True).intersection(uses)),
-      name=_text(getattr(cf, "name", "converted")), custom_gradients=custom_gradients)
+      graph, library, signature=Signature(input_structure, specs, static_leaves), input_structure=input_structure,
+      captures=captures, output_structure=plain_structure(tree.map_structure(lambda _: 0, cf.structured_outputs)),
+      output_leaves=output_leaves, param_specs=param_specs, config=conf,
+      requires_rng=bool(ops_where(needs_rng=True).intersection(uses)),
+      name=_text(getattr(cf, "name", "converted")), custom_gradients=custom_gradients, retrace=retrace)
   jax_fn.params = params
+  jax_fn._uninitialized = uninitialized
   jax_fn.tf_variables = tf_variables   # the TF variable behind each params key
+  _annotate(jax_fn, cf, signature_of)
   jax_fn.trainable = {k: bool(v.trainable) for k, v in params.items()}
   return jax_fn, params
 
@@ -399,7 +466,20 @@ def _text(name) -> str:
 
 
 def _static_leaf_indices(args, kwargs) -> dict[int, Any]:
-  return {i: x for i, x in enumerate(tree.flatten((tuple(args), dict(kwargs)))) if _is_static_leaf(x)}
+  return {i: x for i, x in enumerate(tree.flatten((tuple(args), dict(kwargs)))) if is_static_leaf(x)}
+
+
+def _retracer(fn):
+  """Retraces `fn` for a call's static values, with the traced specs for its tensor arguments."""
+  def retrace(args, kwargs, signature: Signature) -> ConvertedFunction:
+    tf = _tf()
+    specs = {s.path: tf.TensorSpec(s.shape, tf.as_dtype(s.dtype)) for s in signature.specs}
+    spec_args = tree.map_structure_with_path(lambda p, x: x if is_static_leaf(x) else specs[path_name((0,) + p)],
+                                             tuple(args))
+    spec_kwargs = tree.map_structure_with_path(lambda p, x: x if is_static_leaf(x) else specs[path_name((1,) + p)],
+                                               dict(kwargs))
+    return convert(fn, *spec_args, **spec_kwargs)[0]
+  return retrace
 
 
 # --------------------------------------------------------------------------- public API
@@ -412,9 +492,13 @@ def convert(fn: Callable, *args, **kwargs) -> tuple[ConvertedFunction, dict[str,
   Returns `(jax_fn, params)` where `jax_fn(params, *args, rng=None, **kwargs)`
   returns `(outputs, new_params)`.
   """
+  if fn is None or not callable(fn):
+    raise UnsupportedValueError(f"jaxport.convert takes a tf.function, a Python function of TF ops, a Keras model or a "
+                     f"restored SavedModel function; got {type(fn).__name__}.")
   cf, keras_variables = _concrete_function(fn, args, kwargs)
   structure = (tuple(args), dict(kwargs))
-  return _from_concrete(cf, keras_variables, structure, _static_leaf_indices(args, kwargs))
+  return _from_concrete(cf, keras_variables, structure, _static_leaf_indices(args, kwargs), _retracer(fn),
+                        signature_of=lambda cf: _python_signature(cf, fn))
 
 
 def _functional(jax_fn: ConvertedFunction, params: dict):
@@ -427,6 +511,9 @@ def _functional(jax_fn: ConvertedFunction, params: dict):
 
   functional.__name__ = jax_fn.__name__
   functional.requires_rng = jax_fn.requires_rng
+  functional.structured_inputs = jax_fn.structured_inputs
+  functional.structured_outputs = jax_fn.structured_outputs
+  functional.signature = functional.__signature__ = jax_fn.__signature__
   return functional
 
 
@@ -444,7 +531,7 @@ def _single_concrete(restored_fn):
     concrete = restored_fn._list_all_concrete_functions_for_serialization()
   if len(concrete) != 1:
     sigs = "\n".join(f"  {cf.structured_input_signature}" for cf in concrete) or "  (none)"
-    raise SignatureError(f"expected exactly one concrete signature, found {len(concrete)}:\n{sigs}\n"
+    raise SignatureError(f"Found {len(concrete)} concrete functions; expected exactly one:\n{sigs}\n"
                          "Use jaxport.convert(restored_fn, *example_args) to pick one by tracing.")
   return concrete[0]
 

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from jaxport import config as _config
 from jaxport.convert import api
-from jaxport.convert.graph import Node
+from jaxport.convert.graph import GraphFunction, Library, Node, decode_nodes
 from jaxport.convert.registry import Tier
 from jaxport.convert.tiers import GRAPH_INPUT_OPS, op_tier
 from jaxport.errors import ModelFileError
@@ -152,6 +152,10 @@ def inspect(fn: Callable, *args, **kwargs) -> InspectReport:
 def inspect_concrete(cf, name: str | None = None) -> InspectReport:
   """The report of a traced concrete function."""
   graph, library, _ = api._decode_graph(cf)
+  return _report(graph, library, name or api._text(getattr(cf, "name", "function")))
+
+
+def _report(graph: GraphFunction, library: Library, name: str) -> InspectReport:
   conf = _config.snapshot()
   modules = [node for _, node in api._live_nodes(graph, library) if node.op == "XlaCallModule"]
   rows = []
@@ -167,7 +171,7 @@ def inspect_concrete(cf, name: str | None = None) -> InspectReport:
     else:
       rows.append(OpRow(op, op_tier(op, conf), len(labels), tuple(labels[:_EXAMPLES])))
   rows.sort(key=lambda r: (TIER_ORDER.index(r.tier), r.op))
-  return InspectReport(name or api._text(getattr(cf, "name", "function")), tuple(rows))
+  return InspectReport(name, tuple(rows))
 
 
 def _xla_call_module_row(tier: Tier, labels: list[str], nodes: list[Node]) -> OpRow:
@@ -207,11 +211,36 @@ def inspect_path(path: str, signature: str | None = None) -> list[InspectReport]
   of its restored tf.functions. `signature` picks one signature or function by name.
   Raises `ModelFileError` when `path` cannot be read as a model.
   """
-  if check_model_path(path) == "saved_model":
+  kind = check_model_path(path)
+  if kind == "saved_model":
     return inspect_saved_model(path, signature)
   if signature is not None:
-    raise ModelFileError(f"{path} is a Keras file with one function; --signature applies to SavedModels.")
-  return [inspect_keras_file(path)]
+    raise ModelFileError(f"{path} is a {'GraphDef' if kind == 'graph_def' else 'Keras'} file with one graph; "
+                         "--signature applies to SavedModels.")
+  return [inspect_graph_def_file(path) if kind == "graph_def" else inspect_keras_file(path)]
+
+
+def inspect_graph_def_file(path: str) -> InspectReport:
+  """The report of every op in a frozen or plain GraphDef file (`.pb` / `.pbtxt`, TF1 control flow
+  included): all of its nodes, since the file names no outputs."""
+  from jaxport.convert.graph_def import load_graph_def
+  try:
+    graph_def = load_graph_def(path)
+  except Exception as e:   # noqa: BLE001 -- protobuf's decode errors have no common base
+    raise ModelFileError(f"{path} is not a readable GraphDef ({type(e).__name__}: {_first_line(e)}); pass a "
+                         "binary .pb or text .pbtxt GraphDef (tf.io.write_graph writes both).") from None
+  if not graph_def.node:
+    raise ModelFileError(f"{path} holds no graph nodes; pass the GraphDef of a model.")
+  from jaxport.convert.v1_control_flow import lower_v1_graph
+  nodes = decode_nodes(graph_def.node)
+  graph, library = GraphFunction("main", nodes, [], [], list(nodes)), Library(graph_def.library.function)
+  report = _report(graph, library, os.path.basename(path))
+  try:   # v1 loops and conds convert only when their structure is recovered
+    lower_v1_graph(graph, library)
+  except Exception as e:   # noqa: BLE001 -- reported as a row, like an unsupported op
+    row = OpRow("<v1 control flow>", Tier.UNSUPPORTED, 1, (), note=_first_line(e))
+    report = InspectReport(report.name, report.rows + (row,))
+  return report
 
 
 def check_model_path(path: str) -> str:
@@ -227,7 +256,12 @@ def check_model_path(path: str) -> str:
     return "saved_model"
   if path.endswith((".keras", ".h5", ".hdf5")):
     return "keras"
-  raise ModelFileError(f"{path} is not a model file; pass a SavedModel directory or a .keras / .h5 file.")
+  if path.endswith((".pb", ".pbtxt")):
+    if os.path.basename(path) in ("saved_model.pb", "saved_model.pbtxt"):
+      raise ModelFileError(f"{path} is a SavedModel's own file; pass its directory, {os.path.dirname(path) or '.'}.")
+    return "graph_def"
+  raise ModelFileError(f"{path} is not a model file; pass a SavedModel directory, a .keras / .h5 file or a "
+                       ".pb / .pbtxt GraphDef.")
 
 
 def inspect_saved_model(path: str, signature: str | None = None) -> list[InspectReport]:

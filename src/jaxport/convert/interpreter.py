@@ -27,7 +27,6 @@ class Runtime:
     self.config = config
     self.state = state          # variable key -> current value; assigns update it
     self.rng = rng                # split per loop iteration by control flow
-    self.base_rng = rng           # the caller's key, as given: stateless ops derive from it
     self.custom_gradients = custom_gradients or {}   # id(IdentityN node) -> CustomGradient
 
   def read_variable(self, ref: VariableRef):
@@ -44,7 +43,6 @@ class Runtime:
     """A runtime for a nested trace (a loop body or cond branch)."""
     child = Runtime(self.library, self.config, self.state if state is None else state,
                     self.rng if rng is ... else rng, self.custom_gradients)
-    child.base_rng = self.base_rng if rng is not None else None
     return child
 
   def call(self, fn_name: str, args) -> list:
@@ -56,13 +54,8 @@ class Runtime:
     self._require_rng(node_name)
     return jax.random.fold_in(self.rng, zlib.crc32(node_name.encode()) & 0x7FFFFFFF)
 
-  def stateless_rng(self, node_name: str):
-    """The key stateless random ops fold their seeds into: equal seeds give equal values, as in TF."""
-    self._require_rng(node_name)
-    return self.base_rng
-
   def _require_rng(self, node_name: str) -> None:
-    if self.rng is None or self.base_rng is None:
+    if self.rng is None:
       raise MissingInputError(
           f"random op {node_name!r} needs a PRNG key: call the converted function with rng=jax.random.key(...)")
 

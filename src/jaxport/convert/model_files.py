@@ -81,7 +81,11 @@ def _is_tensor_spec(x) -> bool:
 def load_model_function(path: str, signature: str | None = None) -> ModelFunction:
   """The function of a `.keras` / `.h5` file or SavedModel directory; `ModelFileError` when there is none
   or several and `signature` does not pick one."""
-  if check_model_path(path) == "keras":
+  kind = check_model_path(path)
+  if kind == "graph_def":
+    raise ModelFileError(f"{path} is a GraphDef, which names no inputs or outputs; convert it in Python with "
+                         "jaxport.convert_graph_def(path, inputs=[...], outputs=[...]) (inspect works on it).")
+  if kind == "keras":
     if signature is not None:
       raise ModelFileError(f"{path} is a Keras file with one function; --signature applies to SavedModels.")
     model = load_keras_file(path)

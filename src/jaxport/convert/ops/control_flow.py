@@ -15,11 +15,14 @@ from jax import lax
 
 from jaxport.convert.graph import FuncAttr, GraphFunction
 from jaxport.convert.interpreter import Runtime, VariableRef, run_function
+from jaxport.convert.ops._trip_count import closed_form_trip_count
 from jaxport.convert.ops._util import is_concrete
 from jaxport.convert.ops.tensor_list import TensorList
 from jaxport.convert.registry import ops_where, register
 
-MAX_STATIC_TRIPS = 1_000_000
+# Loops whose trip count has no closed form (see _trip_count) are simulated up to this many
+# iterations; past it they run as lax.while_loop (forward-mode differentiable only).
+MAX_SIMULATED_TRIPS = 10_000
 
 
 @register("PartitionedCall", "StatefulPartitionedCall", structural=True)
@@ -31,19 +34,24 @@ def partitioned_call(ctx, *args):
 
 
 def _writes_state(runtime: Runtime, fn_name: str) -> bool:
+  return function_writes_state(runtime.library, fn_name)
+
+
+def node_writes_state(library, node) -> bool:
+  """Whether running `node` assigns variables (itself, or through a function it calls)."""
+  called = [v.name for v in node.attrs.values() for v in (v if isinstance(v, list) else [v])
+            if isinstance(v, FuncAttr)]
+  if node.op in library:
+    called.append(node.op)
+  return node.op in ops_where(writes_state=True) or any(function_writes_state(library, name) for name in called)
+
+
+def function_writes_state(library, fn_name: str) -> bool:
   """Whether calling `fn_name` (or anything it calls) assigns variables."""
-  library = runtime.library
   memo = library.memo.setdefault("writes_state", {})
   if fn_name not in memo:
     memo[fn_name] = False   # breaks recursion cycles
-    for node in library[fn_name].nodes.values():
-      called = [v.name for v in node.attrs.values() for v in (v if isinstance(v, list) else [v])
-                if isinstance(v, FuncAttr)]
-      if node.op in library:
-        called.append(node.op)
-      if node.op in ops_where(writes_state=True) or any(_writes_state(runtime, name) for name in called):
-        memo[fn_name] = True
-        break
+    memo[fn_name] = any(node_writes_state(library, node) for node in library[fn_name].nodes.values())
   return memo[fn_name]
 
 
@@ -94,8 +102,21 @@ def _simulate(fn: GraphFunction, outputs: list[int], args, runtime: Runtime):
   return results if all(is_concrete(r) for r in results) else None
 
 
-def _static_trip_count(runtime, cond_fn, body_fn, loop_vars) -> int | None:
-  """The exact number of iterations, when it follows from trace-time constants."""
+def _static_trip_count(runtime, cond_fn, body_fn, loop_vars, passthrough) -> int | None:
+  """The exact number of iterations, when it follows from trace-time constants (once per
+  function and constants: later calls read it from the library's memo)."""
+  key = (cond_fn.name, body_fn.name) + tuple(
+      (i, np.asarray(v).dtype.str, np.asarray(v).tobytes()) if is_concrete(v) else (i, type(v).__name__)
+      for i, v in enumerate(loop_vars))
+  memo = runtime.library.memo.setdefault("trip_counts", {})
+  if key not in memo:
+    trips = closed_form_trip_count(cond_fn, body_fn, loop_vars, passthrough)
+    memo[key] = trips if trips is not None else _simulated_trip_count(runtime, cond_fn, body_fn, loop_vars)
+  return memo[key]
+
+
+def _simulated_trip_count(runtime, cond_fn, body_fn, loop_vars) -> int | None:
+  """The trip count found by running the loop's constant part in NumPy, up to MAX_SIMULATED_TRIPS."""
   known = {i for i, v in enumerate(loop_vars) if is_concrete(v)}
   refs = {i for i, v in enumerate(loop_vars) if isinstance(v, VariableRef)}
   while True:   # shrink `known` to the vars whose updates depend only on known vars
@@ -106,7 +127,7 @@ def _static_trip_count(runtime, cond_fn, body_fn, loop_vars) -> int | None:
     known = still
   values = [v if i in known | refs else _Unknown() for i, v in enumerate(loop_vars)]
   order = sorted(known)
-  for trips in range(MAX_STATIC_TRIPS + 1):
+  for trips in range(MAX_SIMULATED_TRIPS + 1):
     pred = _simulate(cond_fn, [0], values, runtime)
     if pred is None:
       return None
@@ -177,7 +198,7 @@ def while_loop(ctx, *loop_vars):
 
   init_dyn = [_as_carry(loop_vars[i]) for i in dyn_idx]
   state0 = runtime.state if body_writes else {}
-  trips = _static_trip_count(runtime, cond_fn, body_fn, loop_vars)
+  trips = _static_trip_count(runtime, cond_fn, body_fn, loop_vars, passthrough)
   key = runtime.rng
 
   def iteration_rng(i):

@@ -46,8 +46,9 @@ def ensure_shape(ctx, x):
   return x
 
 
-def _check(ctx, ok, message: str, *values) -> None:
-  """A TF run-time check: raise now when it fails on constants, else checkify when enabled."""
+def runtime_check(ctx, ok, message: str, *values) -> None:
+  """A TF run-time check: raise now when it fails on constants, else a checkify check when
+  `enable_checkify_for_asserts` is on (TF raises; plain JAX cannot, so it is skipped otherwise)."""
   if is_concrete(ok) and all(is_concrete(v) for v in values):
     if not np.all(ok):
       shown = message.format(*[np.asarray(v) for v in values])
@@ -74,16 +75,18 @@ def _format_data(data) -> tuple[str, list]:
 @register("Assert", stateful=True)
 def assert_(ctx, condition, *data):
   message, values = _format_data(data)
-  _check(ctx, condition, message, *values)
+  runtime_check(ctx, condition, message, *values)
   return ()
 
 
 @register("CheckNumerics", stateful=True)
 def check_numerics(ctx, x):
   message = ctx.attr("message", "")
-  finite = np.isfinite(x) if is_concrete(x) else jnp.isfinite(x)
+  m = np if is_concrete(x) else jnp
   message = message.replace("{", "{{").replace("}", "}}")
-  _check(ctx, finite, f"{message} : Tensor had NaN or Inf values")
+  # tf2jax's wording ("Found NaN values") beside TF's ("Tensor had NaN values").
+  runtime_check(ctx, ~m.isnan(x), f"{message} : Found NaN values (Tensor had NaN values)")
+  runtime_check(ctx, ~m.isinf(x), f"{message} : Found Inf values (Tensor had Inf values)")
   return x
 
 

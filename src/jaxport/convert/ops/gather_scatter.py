@@ -1,9 +1,9 @@
 """Op rules: gathers, scatters and segment reductions.
 
-Differences from TF, by design of XLA: out-of-range gather indices are clamped (TF
-raises on CPU, returns zeros on GPU); with `bad_indices_policy="IGNORE"` they give
-zeros as in TF. Negative indices wrap like NumPy (TF raises), in gathers and
-scatters. Out-of-range scatter indices are dropped (TF raises on CPU).
+Gather indices outside [0, dim) raise as in TF (on CPU) when they are constants; traced
+ones cannot raise in plain JAX: they are clamped (negative ones wrap like NumPy; TF on GPU
+returns zeros), unless `enable_checkify_for_asserts` makes them a checkify check. With
+`bad_indices_policy="IGNORE"` they give zeros as in TF. Negative scatter indices wrap. Out-of-range scatter indices are dropped (TF raises on CPU).
 `TensorScatterUpdate` with duplicate indices keeps an unspecified one of the updates
 (TF: also unspecified).
 """
@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxport.convert.ops._util import is_concrete, xp
 from jaxport.convert.ops.array import _axis, _dtype, _static, _static_int
+from jaxport.convert.ops.core import runtime_check
 from jaxport.convert.registry import register
 
 
@@ -35,6 +36,18 @@ def _get(x, index, zeros_out_of_range: bool):
   return jnp.asarray(x).at[index].get(mode="clip")
 
 
+def _check_bounds(ctx, indices, dims) -> None:
+  """TF (on CPU) raises for an index outside [0, dim): raise on constants, checkify when enabled.
+  `dims` bounds the last axis of `indices` component-wise (GatherNd) or all of it (one int)."""
+  if _bad_indices_ignored(ctx) or (not is_concrete(indices) and not ctx.config["enable_checkify_for_asserts"]):
+    return
+  m = xp(indices)
+  bound = m.asarray(dims, dtype=np.asarray(indices).dtype if is_concrete(indices) else indices.dtype)
+  ok = (indices >= 0) & (indices < bound)
+  first_bad = m.reshape(indices, (-1,))[m.argmin(m.reshape(ok, (-1,)))] if np.size(indices) else 0
+  runtime_check(ctx, ok, f"index {{}} is not in [0, {dims}) (indices of shape {np.shape(indices)})", first_bad)
+
+
 def _batch_grids(batch_shape, n_trailing: int) -> tuple:
   """Aranges that pick, for each batch position, the same position in `params`."""
   b = len(batch_shape)
@@ -44,6 +57,7 @@ def _batch_grids(batch_shape, n_trailing: int) -> tuple:
 
 def _gather_axis(ctx, params, indices, axis: int, batch_dims: int):
   """`params` gathered along `axis` by `indices`, the first `batch_dims` dims shared."""
+  _check_bounds(ctx, indices, int(np.shape(params)[axis]))
   ndim_i = np.ndim(indices)
   grids = _batch_grids(np.shape(indices)[:batch_dims], ndim_i - batch_dims)
   middle = (slice(None),) * (axis - batch_dims)
@@ -91,6 +105,8 @@ def gather_nd(ctx, params, indices):
     p_shape = np.shape(params)
     expanded = m.reshape(params, p_shape[:batch_dims] + (1,) * len(lead) + p_shape[batch_dims:])
     return m.broadcast_to(expanded, p_shape[:batch_dims] + lead + p_shape[batch_dims:])
+  depth = np.shape(indices)[-1]
+  _check_bounds(ctx, indices, [int(d) for d in np.shape(params)[batch_dims:batch_dims + depth]])
   return _get(params, _nd_index(indices, batch_dims), _bad_indices_ignored(ctx))
 
 

@@ -26,6 +26,7 @@ import numpy as np
 from jax import lax
 
 from jaxport.convert.ops._util import is_concrete, xp
+from jaxport.convert.ops.core import runtime_check
 from jaxport.convert.registry import register
 
 # --------------------------------------------------------------------------- helpers
@@ -51,7 +52,8 @@ def _elementwise(*op_types):
 def _jax_elementwise(*op_types):
   """Registers `fn(*inputs)` that always computes with JAX (no NumPy counterpart)."""
   def decorator(fn):
-    register(*op_types)(lambda ctx, *inputs: fn(*[jnp.asarray(x) for x in inputs]))
+    # lax's binary special functions (igamma, polygamma, ...) need operands of one shape.
+    register(*op_types)(lambda ctx, *inputs: fn(*jnp.broadcast_arrays(*[jnp.asarray(x) for x in inputs])))
     return fn
   return decorator
 
@@ -103,7 +105,7 @@ for _op, _name in {
     "Round": "round",   # half to even, like TF; integers unchanged
     # Binary. Add also concatenates string constants, like TF; Mod/TruncateMod take the dividend's sign.
     "Add": "add", "AddV2": "add", "Sub": "subtract", "Mul": "multiply", "Atan2": "arctan2",
-    "Mod": "fmod", "TruncateMod": "fmod", "BitwiseAnd": "bitwise_and", "BitwiseOr": "bitwise_or",
+    "BitwiseAnd": "bitwise_and", "BitwiseOr": "bitwise_or",
     "BitwiseXor": "bitwise_xor", "LogicalAnd": "logical_and", "LogicalOr": "logical_or",
 }.items():
   _numpy_api(_op, _name)
@@ -226,7 +228,8 @@ def _elu(xp, x):
 
 @_elementwise("Selu")
 def _selu(xp, x):
-  return _SELU_SCALE * _negative_part(xp, x, lambda v: _SELU_ALPHA * xp.expm1(v))
+  # astype: NumPy turns bfloat16 times a Python float into float32.
+  return (_SELU_SCALE * _negative_part(xp, x, lambda v: _SELU_ALPHA * xp.expm1(v))).astype(x.dtype)
 
 
 @_jax_elementwise("Softplus")
@@ -322,23 +325,41 @@ def _add_n(ctx, *xs):
   return apply(lambda xp, *xs: functools.reduce(xp.add, xs), xs)
 
 
-@_elementwise("Div", "RealDiv")
+def _division(*op_types):
+  """Registers a division-like `fn(xp, x, y)`. Integer division by zero raises in TF: here it
+  raises on constants and, with `enable_checkify_for_asserts`, is a checkify check."""
+  def decorator(fn):
+    def rule(ctx, x, y):
+      if _is_integer(x):
+        runtime_check(ctx, y != 0, "Integer division by zero")
+      return apply(fn, (x, y))
+    register(*op_types)(rule)
+    return fn
+  return decorator
+
+
+@_division("Div", "RealDiv")
 def _div(xp, x, y):
   return truncate_div(xp, x, y) if _is_integer(x) else xp.true_divide(x, y)
 
 
-@_elementwise("TruncateDiv")
+@_division("TruncateDiv")
 def _truncate_div(xp, x, y):
   return truncate_div(xp, x, y) if _is_integer(x) else xp.trunc(x / y)
 
 
-@_elementwise("FloorDiv")
+@_division("FloorDiv")
 def _floor_div(xp, x, y):
   # Floats: floor(x / y), not Python's `//` (TF gives floor(1 / 0.1) = 10, Python 9).
   return xp.floor_divide(x, y) if _is_integer(x) else xp.floor(x / y)
 
 
-@_elementwise("FloorMod")
+@_division("Mod", "TruncateMod")
+def _truncate_mod(xp, x, y):
+  return xp.fmod(x, y)   # the dividend's sign, like C
+
+
+@_division("FloorMod")
 def _floor_mod(xp, x, y):
   if not _is_float(x):
     return xp.remainder(x, y)   # sign of the divisor, like Python
