@@ -3,8 +3,8 @@
 `check(fn, *args)` converts `fn`, then compares with TF:
   * outputs, without and with `jax.jit`;
   * gradients of a random projection of the outputs w.r.t. float inputs, against
-    `tf.GradientTape` (when `grad=True`);
-  * `jax.vmap` over a stack of inputs, against TF run per example (when `vmap=True`).
+    `tf.GradientTape` (when `grad=True`), under jit (the same rules, compiled once);
+  * `jax.vmap` over a stack of inputs, against TF run per example (when `vmap=True`), under jit.
 """
 from __future__ import annotations
 
@@ -99,7 +99,8 @@ def _check_grad(tf_fn, call, args, float_idx, expected, atol, rtol):
                for o, w in zip(outs, weights) if w is not None)
 
   floats = [jnp.asarray(args[i]) for i in float_idx]
-  jax_grads = jax.grad(jax_loss, argnums=tuple(range(len(floats))))(*floats)
+  # Under jit: the same gradient rules run, compiled once instead of op by op.
+  jax_grads = jax.jit(jax.grad(jax_loss, argnums=tuple(range(len(floats)))))(*floats)
   for i, g_tf, g_jax in zip(float_idx, tf_grads, jax_grads):
     expected_g = np.zeros_like(_np(args[i])) if g_tf is None else _np(g_tf)
     assert_close(g_jax, expected_g, atol, rtol, f"grad wrt arg {i}")
@@ -119,4 +120,4 @@ def _check_vmap(tf_fn, call, args, atol, rtol, batch=3):
   stacked = [np.stack([perturb(a, k) for k in range(batch)]) for a in args]
   per_example = [tf_fn(*[s[k] for s in stacked]) for k in range(batch)]
   expected = tree.map_structure(lambda *xs: np.stack([_np(x) for x in xs]), *per_example)
-  assert_close(jax.vmap(call)(*stacked), expected, atol, rtol, "vmap")
+  assert_close(jax.jit(jax.vmap(call))(*stacked), expected, atol, rtol, "vmap")

@@ -42,7 +42,8 @@ def ensure_shape(ctx, x):
                                any(e is not None and e != g for e, g in zip(expected, got))):
     raise ShapeMismatchError(
         f"EnsureShape {ctx.name!r}: Shape of tensor {got} is not compatible with expected shape "
-        f"{tuple(expected)}. Call the function with inputs of the shapes it was converted for.")
+        f"{tuple(expected)} (Expected shape={tuple(expected)}, got {got}). Call the function with inputs "
+        "of the shapes it was converted for.")
   return x
 
 

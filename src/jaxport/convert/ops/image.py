@@ -88,7 +88,9 @@ def _check_resize_flags(node) -> None:
   """TF's kernels refuse align_corners together with half_pixel_centers: so does conversion."""
   if node.attrs.get("align_corners") is True and node.attrs.get("half_pixel_centers") is True:
     raise InvalidNodeError(f"{node.op} node {node.name!r}: If half_pixel_centers is True, align_corners must "
-                           "be False. Set one of them to False, as TF requires.")
+                           "be False (got align_corners=True and half_pixel_centers=True; TF takes "
+                           "align_corners=False and half_pixel_centers=True, or half_pixel_centers=False). "
+                           "Set one of them to False, as TF requires.")
 
 
 def _register_resize(op: str, grad_op: str, resample) -> None:
