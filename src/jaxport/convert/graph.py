@@ -61,8 +61,8 @@ class GraphFunction:
     return [self.nodes[name] for name, _ in self.schedule()[0]]
 
 
-def _make_schedule(fn: GraphFunction):
-  roots = [n for n, _ in fn.outputs] + list(fn.control_outputs)
+def dependency_order(roots, deps) -> list[str]:
+  """The nodes `roots` depend on (themselves included), each after its `deps(name)`; iterative DFS."""
   order: list[str] = []
   state: dict[str, int] = {}   # 1 = visiting, 2 = done
   for root in roots:
@@ -77,10 +77,16 @@ def _make_schedule(fn: GraphFunction):
         continue
       state[name] = 1
       stack.append((name, True))
-      node = fn.nodes[name]
-      for dep in [src for src, _ in node.inputs] + node.control_inputs:
+      for dep in deps(name):
         if not state.get(dep):
           stack.append((dep, False))
+  return order
+
+
+def _make_schedule(fn: GraphFunction):
+  roots = [n for n, _ in fn.outputs] + list(fn.control_outputs)
+  order = dependency_order(roots, lambda name: [src for src, _ in fn.nodes[name].inputs]
+                           + fn.nodes[name].control_inputs)
   keep = {n for n, _ in fn.outputs}
   last_use: dict[str, int] = {}
   for i, name in enumerate(order):

@@ -24,7 +24,7 @@ import itertools
 
 import numpy as np
 
-from jaxport.convert.graph import FuncAttr, GraphFunction, Library, Node
+from jaxport.convert.graph import FuncAttr, GraphFunction, Library, Node, dependency_order
 from jaxport.errors import JaxportError, UnsupportedOperationsError
 
 ENTER = frozenset({"Enter", "RefEnter"})
@@ -111,23 +111,7 @@ def _placeholder(name: str, dtype=None) -> Node:
 
 def _topo_order(nodes: dict[str, Node]) -> list[str]:
   """Every node in dependency order, ignoring loop back edges (NextIteration → Merge)."""
-  order, state = [], {}
-  for root in nodes:
-    stack = [(root, False)]
-    while stack:
-      name, expanded = stack.pop()
-      if expanded:
-        state[name] = 2
-        order.append(name)
-        continue
-      if state.get(name):
-        continue
-      state[name] = 1
-      stack.append((name, True))
-      for dep in _deps(nodes, nodes[name]):
-        if not state.get(dep):
-          stack.append((dep, False))
-  return order
+  return dependency_order(nodes, lambda name: _deps(nodes, nodes[name]))
 
 
 def _deps(nodes: dict[str, Node], node: Node) -> list[str]:
