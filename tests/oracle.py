@@ -3,7 +3,7 @@
 `check(fn, *args)` converts `fn`, then compares with TF:
   * outputs, without and with `jax.jit`;
   * gradients of a random projection of the outputs w.r.t. float inputs, against
-    `tf.GradientTape` (when `grad=True`), under jit (the same rules, compiled once);
+    `tf.GradientTape` (when `grad=True`), under jit unless `jit=False`;
   * `jax.vmap` over a stack of inputs, against TF run per example (when `vmap=True`), under jit.
 """
 from __future__ import annotations
@@ -62,7 +62,7 @@ def check(fn, *args, atol=1e-5, rtol=1e-5, grad=True, vmap=True, jit=True, grad_
     assert_close(jax.jit(call)(*args), expected, atol, rtol, "jit")
   float_idx = [i for i, a in enumerate(args) if _is_float(a)]
   if grad and float_idx and any(_is_float(o) for o in tree.flatten(expected)):
-    _check_grad(tf_fn, call, args, float_idx, expected, grad_atol or max(atol, 1e-4), rtol)
+    _check_grad(tf_fn, call, args, float_idx, expected, grad_atol or max(atol, 1e-4), rtol, jit=jit)
   if vmap:
     _check_vmap(tf_fn, call, args, atol, rtol)
   return jax_fn
@@ -74,7 +74,7 @@ def _projection(expected):
           for e in tree.flatten(expected)]
 
 
-def _check_grad(tf_fn, call, args, float_idx, expected, atol, rtol):
+def _check_grad(tf_fn, call, args, float_idx, expected, atol, rtol, jit=True):
   weights = _projection(expected)
 
   def tf_loss(*xs):
@@ -99,8 +99,10 @@ def _check_grad(tf_fn, call, args, float_idx, expected, atol, rtol):
                for o, w in zip(outs, weights) if w is not None)
 
   floats = [jnp.asarray(args[i]) for i in float_idx]
-  # Under jit: the same gradient rules run, compiled once instead of op by op.
-  jax_grads = jax.jit(jax.grad(jax_loss, argnums=tuple(range(len(floats)))))(*floats)
+  # Under jit (the same gradient rules, compiled once instead of op by op), unless the function
+  # cannot be jitted (`jit=False`: values that decide shapes must stay concrete).
+  grad_fn = jax.grad(jax_loss, argnums=tuple(range(len(floats))))
+  jax_grads = (jax.jit(grad_fn) if jit else grad_fn)(*floats)
   for i, g_tf, g_jax in zip(float_idx, tf_grads, jax_grads):
     expected_g = np.zeros_like(_np(args[i])) if g_tf is None else _np(g_tf)
     assert_close(g_jax, expected_g, atol, rtol, f"grad wrt arg {i}")
