@@ -154,6 +154,26 @@ def test_mirror_pad_rejects_too_large_paddings():
     run_rule("MirrorPad", X, np.asarray([[2, 0], [0, 0], [0, 0]]), mode="REFLECT")
 
 
+def test_pad_scalar_input():
+  # Regression (fuzz): a 0-d input has paddings of shape (0, 2); the NumPy path raised.
+  x, pads = np.float32(1.5), np.zeros((0, 2), np.int32)
+  for op, extra in (("Pad", {}), ("PadV2", {"constant_values": np.float32(4)})):
+    expected = getattr(raw, op)(input=x, paddings=pads, **extra).numpy()
+    got = run_rule(op, x, pads, *extra.values())
+    assert isinstance(got, np.ndarray) and got.shape == () and got == expected
+  check(lambda x: raw.PadV2(input=x, paddings=pads, constant_values=4.0), x, grad=False, vmap=False)
+
+
+def test_reshape_empty_infers_minus_one_like_tf():
+  # Regression (fuzz): with a 0 in the target, TF infers -1 from the non-zero sizes
+  # ([2, 0, 3] -> [-1, 0] gives [6, 0]); the rule raised.
+  x = np.zeros((2, 0, 3), np.float32)
+  for target in ([-1, 0], [0, -1], [-1, 0, 5], [3, -1]):
+    expected = raw.Reshape(tensor=x, shape=target).numpy()
+    assert run_rule("Reshape", x, np.asarray(target, np.int32)).shape == expected.shape
+  check(lambda x: raw.Reshape(tensor=x, shape=[-1, 0]), x, grad=False, vmap=False)
+
+
 # --------------------------------------------------------------------------- selection
 
 

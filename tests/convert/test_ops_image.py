@@ -52,6 +52,14 @@ def test_resize_area(align_corners, size):
         grad=False)   # TF registers no gradient for ResizeArea
 
 
+def test_resize_area_align_corners_from_one_pixel():
+  # Regression (fuzz): align_corners from a side of 1 gives a zero scale; the rule returned NaN.
+  check(lambda x: RAW.ResizeArea(images=x, size=[3, 4], align_corners=True), image(2, 1, 3, 2),
+        grad=False)
+  check(lambda x: RAW.ResizeArea(images=x, size=[5, 1], align_corners=True), image(1, 1, 1, 2),
+        grad=False)
+
+
 KERNELS = ["lanczos1", "lanczos3", "lanczos5", "gaussian", "box", "triangle", "keyscubic", "mitchellcubic"]
 
 

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import jaxport
-from oracle import assert_close, check
+from oracle import assert_close, check, run_rule
 
 RAW = tf.raw_ops
 
@@ -55,6 +55,13 @@ def test_adjust_contrast_any_leading_dims():
   fn = lambda x, f: RAW.AdjustContrastv2(images=x, contrast_factor=f)  # noqa: E731
   check(fn, rgb(4, 5), np.float32(-0.5), atol=1e-6, rtol=1e-6, grad=False, vmap=False)
   check(fn, rgb(2, 2, 3, 4), np.float32(2.5), atol=1e-6, rtol=1e-6, grad=False, vmap=False)
+
+
+def test_adjust_contrast_empty_image():
+  # Regression (fuzz): a 0-size image divided by its pixel count, 0, on the NumPy path.
+  x = np.zeros((0, 2, 3), np.float32)
+  expected = RAW.AdjustContrastv2(images=x, contrast_factor=np.float32(0.5)).numpy()
+  assert np.asarray(run_rule("AdjustContrastv2", x, np.float32(0.5))).shape == expected.shape
 
 
 _ADJUST_IMAGE = rgb(6, 7, seed=3)

@@ -298,6 +298,12 @@ def test_integer_pow():
   check_op("Pow", ["x", "y"], np.array([-2, 3, 5, -1], np.int32), np.array([3, 0, 2, 5], np.int32))
 
 
+def test_integer_pow_wraps_like_tf():
+  # Regression (fuzz): jnp.power reads only 6 bits of the exponent, so 7 ** 100 wrapped wrongly.
+  check_op("Pow", ["x", "y"], np.array([7, 3, -7, 2], np.int32), np.array([100, 100, 99, 64], np.int32),
+           grad=False)
+
+
 @hypothesis.settings(max_examples=25, deadline=None)
 @hypothesis.given(data=st.data(), dtype=st.sampled_from([np.int32, np.int16]))
 def test_integer_division_property(data, dtype):
@@ -575,3 +581,21 @@ def test_bitcast(src, dst, shape):
   folded = run_rule("Bitcast", x, type=np.dtype(dst.as_numpy_dtype))
   for got in (jaxport.convert_functional(fn, x)(x), folded):
     assert_exact(got, expected)
+
+
+def test_selu_folded_keeps_bfloat16():
+  # Found by test_fuzz_ops: NumPy turned bfloat16 times a Python float into float32.
+  x = np.array([-2.5, 1.0, 3.0, -0.5], ml_dtypes.bfloat16)
+  folded = run_rule("Selu", x)
+  assert folded.dtype == x.dtype
+  np.testing.assert_allclose(folded.astype(np.float32), raw.Selu(features=x).numpy().astype(np.float32),
+                             rtol=1e-2)
+
+
+@pytest.mark.parametrize("op", ["Igamma", "Igammac", "Polygamma"])
+def test_binary_special_functions_broadcast(op):
+  # Found by test_fuzz_ops: lax's igamma/polygamma need operands of one shape; TF broadcasts.
+  a = np.array([[1.0], [2.0]], np.float32)
+  x = np.array([0.5, 1.5, 3.0], np.float32)
+  expected = getattr(raw, op)(a=a, x=x).numpy()
+  np.testing.assert_allclose(run_rule(op, a, x), expected, rtol=1e-5)

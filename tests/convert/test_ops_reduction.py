@@ -122,6 +122,16 @@ def test_empty_reductions():
       assert_exact(run_rule(op, x, np.asarray([0, 1])), expected)
 
 
+def test_empty_min_of_unsigned_without_x64():
+  # Regression (fuzz): the initial value uint32/uint64 max was a Python int, which overflowed int32.
+  for dtype in (np.uint32, np.uint64):
+    x = np.zeros((2, 0), dtype)
+    fn = reduce_fn("Min", [1], False)
+    expected = fn(x).numpy()
+    got = np.asarray(jaxport.convert_functional(fn, x)(x))
+    np.testing.assert_array_equal(got, expected.astype(got.dtype))
+
+
 def test_complex_reductions():
   z = (X + 1j * X[::-1]).astype(np.complex64)
   for op in ("Sum", "Prod", "Mean", "EuclideanNorm"):

@@ -15,6 +15,22 @@ def kernel_devices(op_type: str) -> frozenset[str]:
   return frozenset(k.device_type for k in found.kernel)
 
 
+def kernel_dtypes(op_type: str, attr: str = "T", device_type: str = "CPU") -> frozenset[str] | None:
+  """Names of the dtypes the `device_type` kernels of `op_type` take for the type attribute `attr`;
+  None when a kernel leaves `attr` unconstrained (`tensorflow.python.framework.kernels`)."""
+  import tensorflow as tf
+  from tensorflow.python.framework import kernels
+  names = set()
+  for kernel in kernels.get_registered_kernels_for_op(op_type).kernel:
+    if kernel.device_type != device_type:
+      continue
+    types = [c.allowed_values.list.type for c in kernel.constraint if c.name == attr]
+    if not types:
+      return None
+    names.update(tf.as_dtype(t).name for t in types[0])
+  return frozenset(names)
+
+
 def function_def_to_graph_def(fdef):
   """A FunctionDef as a GraphDef plus its output-name map (`function_def_to_graph`)."""
   from tensorflow.python.framework import function_def_to_graph

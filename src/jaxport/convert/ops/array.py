@@ -115,7 +115,11 @@ def broadcast_gradient_args(ctx, s0, s1):
 
 @register("Reshape")
 def reshape(ctx, x, target):
-  return xp(x).reshape(x, _static(ctx, target, "shape"))
+  target = _static(ctx, target, "shape")
+  if -1 in target and 0 in target:   # TF infers -1 from the non-zero sizes on both sides
+    known = int(np.prod([d for d in target if d > 0]))
+    target[target.index(-1)] = int(np.prod([d for d in np.shape(x) if d > 0])) // max(known, 1)
+  return xp(x).reshape(x, target)
 
 
 @register("Squeeze")
@@ -362,12 +366,15 @@ def _paddings(ctx, paddings, x) -> list[tuple[int, int]]:
 
 @register("Pad")
 def pad(ctx, x, paddings):
-  return xp(x).pad(x, _paddings(ctx, paddings, x))
+  pairs = _paddings(ctx, paddings, x)
+  return xp(x).pad(x, pairs) if pairs else xp(x).asarray(x)   # a 0-d input has nothing to pad
 
 
 @register("PadV2")
 def pad_v2(ctx, x, paddings, constant_value):
-  return xp(x, constant_value).pad(x, _paddings(ctx, paddings, x), constant_values=constant_value)
+  pairs = _paddings(ctx, paddings, x)
+  m = xp(x, constant_value)
+  return m.pad(x, pairs, constant_values=constant_value) if pairs else m.asarray(x)
 
 
 def _mirror_mode(ctx) -> str:
@@ -388,7 +395,7 @@ def mirror_pad(ctx, x, paddings):
     if max(lo, hi) > d - 1 + limit:
       raise ValueError(f"MirrorPad node {ctx.name!r}: {mode} paddings {pairs} are too large for shape "
                        f"{np.shape(x)}")
-  return xp(x).pad(x, pairs, mode=mode)
+  return xp(x).pad(x, pairs, mode=mode) if pairs else xp(x).asarray(x)
 
 
 @register("MirrorPadGrad")

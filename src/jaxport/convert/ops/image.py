@@ -186,6 +186,9 @@ _register_resize("ResizeBicubic", "ResizeBicubicGrad", _bicubic)
 def _area_weights(in_size, out_size, scale) -> np.ndarray:
   """[out, in] overlap of each output cell [x*scale, (x+1)*scale) with the input pixels, over the cell size."""
   weights = np.zeros((out_size, in_size), _F32)
+  if scale == 0:   # align_corners from a side of 1: every cell is that one pixel, as in TF
+    weights[:, 0] = 1
+    return weights
   for x in range(out_size):
     start, end = _F32(x) * scale, _F32(x + 1) * scale
     for i in range(int(np.floor(start)), int(np.ceil(end))):

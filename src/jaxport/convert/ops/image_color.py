@@ -222,6 +222,6 @@ def adjust_contrast_v2(ctx, images, contrast_factor):
   images = jnp.asarray(images)
   x = images.astype(jnp.float32)
   pixels = x.shape[-3] * x.shape[-2]
-  mean = jnp.sum(x, axis=(-3, -2), keepdims=True) * np.float32(1.0 / pixels)
+  mean = jnp.sum(x, axis=(-3, -2), keepdims=True) * np.float32(1.0 / max(pixels, 1))   # 0 pixels: empty out
   out = mean + rounded_product((x - mean) * jnp.asarray(contrast_factor, jnp.float32))
   return out.astype(images.dtype)

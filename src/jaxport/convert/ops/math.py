@@ -381,8 +381,19 @@ def _pow_tf_grad_jvp(primals, tangents):
   return z, tx * (y * jnp.power(x, y - 1)) + ty * (z * log_x)
 
 
+def _int_power(x, y):
+  """Integer x ** y over every bit of y, wrapping on overflow like TF (jnp.power reads 6 bits of y)."""
+  out = jnp.where(y < 0, 0, 1).astype(x.dtype)   # TF rejects negative exponents
+  for _ in range(np.iinfo(y.dtype).bits - 1):
+    out = jnp.where((y & 1) == 1, out * x, out)
+    x, y = x * x, y >> 1
+  return out
+
+
 @_elementwise("Pow")
 def _pow(xp, x, y):
+  if xp is jnp and jnp.issubdtype(x.dtype, jnp.integer):
+    return _int_power(x, y)
   return _pow_tf_grad(x, y) if xp is jnp and _is_float(x) else xp.power(x, y)
 
 

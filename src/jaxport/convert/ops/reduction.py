@@ -67,8 +67,8 @@ def _initial_if_empty(x, axes, for_max: bool):
     return None
   if _is_float(x):
     return -np.inf if for_max else np.inf
-  info = np.iinfo(x.dtype)
-  return info.min if for_max else info.max
+  info = np.iinfo(x.dtype)   # typed: a Python int above int32's range overflows in JAX
+  return x.dtype.type(info.min if for_max else info.max)
 
 
 @_reduction("Max")
