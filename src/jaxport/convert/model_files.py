@@ -17,6 +17,7 @@ import tree
 from jaxport.convert import api
 from jaxport.convert.inspect import (check_model_path, keras_input_specs, load_keras_file, load_saved_model,
                                      pick_functions)
+from jaxport.convert.signature import path_name
 from jaxport.errors import ModelFileError
 
 
@@ -71,7 +72,7 @@ class ModelFunction:
 
   def _tensor_specs(self):
     flat = tree.flatten_with_path((tuple(self.specs[0]), dict(self.specs[1])))
-    return [(api._path_name(path), spec) for path, spec in flat if _is_tensor_spec(spec)]
+    return [(path_name(path), spec) for path, spec in flat if _is_tensor_spec(spec)]
 
 
 def _is_tensor_spec(x) -> bool:
