@@ -49,7 +49,7 @@ class ConvertedFunction:
 
   def __init__(self, graph: GraphFunction, library: Library, *, signature: Signature, input_structure,
                captures, output_structure, output_leaves, param_specs, config, requires_rng, name,
-               custom_gradients=None, retrace=None):
+               custom_gradients=None, retrace=None, uninitialized=None):
     self._graph, self._library = graph, library
     self._custom_gradients = custom_gradients or {}
     self._signature = signature
@@ -63,6 +63,7 @@ class ConvertedFunction:
     self._retrace = retrace                  # (args, kwargs) -> ConvertedFunction, or None
     self._variants: dict = {}                # static values -> retraced ConvertedFunction
     self._warned_params: set[str] = set()
+    self._uninitialized = uninitialized or {}   # param key -> "VarHandleOp `name`" with no value in TF
     self.requires_rng = requires_rng
     self.__name__ = name
 
@@ -74,7 +75,7 @@ class ConvertedFunction:
     # either makes dtypes strict.
     strict_shape = self._config["strict_shape_check"] and _config.get_config("strict_shape_check")
     strict_dtype = self._config["strict_dtype_check"] or _config.get_config("strict_dtype_check")
-    lacking = [k for k in getattr(self, "_uninitialized", {}) if not isinstance(params, dict) or k not in params]
+    lacking = [k for k in self._uninitialized if not isinstance(params, dict) or k not in params]
     if lacking:
       raise MissingInputError(
           f"{self._uninitialized[lacking[0]]} cannot be evaluated: the graph's variable was never initialized, "
@@ -452,9 +453,9 @@ def _from_concrete(cf, keras_variables: dict[int, KerasVariable], input_structur
       captures=captures, output_structure=plain_structure(tree.map_structure(lambda _: 0, cf.structured_outputs)),
       output_leaves=output_leaves, param_specs=param_specs, config=conf,
       requires_rng=bool(ops_where(needs_rng=True).intersection(uses)),
-      name=_text(getattr(cf, "name", "converted")), custom_gradients=custom_gradients, retrace=retrace)
+      name=_text(getattr(cf, "name", "converted")), custom_gradients=custom_gradients, retrace=retrace,
+      uninitialized=uninitialized)
   jax_fn.params = params
-  jax_fn._uninitialized = uninitialized
   jax_fn.tf_variables = tf_variables   # the TF variable behind each params key
   _annotate(jax_fn, cf, signature_of)
   jax_fn.trainable = {k: bool(v.trainable) for k, v in params.items()}
