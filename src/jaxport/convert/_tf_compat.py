@@ -1,6 +1,7 @@
 """The converter's one door to TensorFlow's private APIs, so a TF upgrade breaks one file.
 
-Each function says which private API it reaches; `tests/convert/test_tf_compat.py` pins them.
+Each function says which private API it reaches; tests pin them (`tests/convert/test_registry.py`,
+`test_tiers.py` and `test_fuzz_ops.py::test_kernel_dtypes_pins_tf`).
 """
 from __future__ import annotations
 
