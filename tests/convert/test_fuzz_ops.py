@@ -509,7 +509,7 @@ def _topk(rs):
   shape = sample(rs, [(3,), (2, 3), (1, 4, 1), (0,), (2, 0, 3)])
   dtype = sample(rs, [d for d in REALS if d not in ("uint32", "uint64")])
   x = fill(rs, dtype, shape, rs.rand() < 0.3)
-  if np_dtype(dtype).kind == "f":
+  if np_dtype(dtype).kind in "fV":   # V: bfloat16
     x = np.where(np.isnan(x.astype(np.float64)), np.zeros_like(x), x)   # NaN order: TF unspecified
   k = np.array(rs.randint(0, shape[-1] + 1), np.int32)
   return Case("TopKV2", [x, k], {"sorted": True}, static=frozenset({1}), vary=())
