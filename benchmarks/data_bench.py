@@ -208,6 +208,7 @@ def main() -> None:
       {"step_ms": step_ms, "results": results, "targets": dict(targets)}, indent=2))
   plot(results, out / "data_bench.png")
   console.print(f"wrote {out / 'data_bench.png'} and {out / 'data_bench.json'}")
+  restore_bench_random_access(["--repeats", str(args.repeats), "--out", args.out])
 
 
 def plot(results: list[dict], path: pathlib.Path) -> None:
@@ -238,5 +239,400 @@ def plot(results: list[dict], path: pathlib.Path) -> None:
   plt.close(fig)
 
 
+def service_bench(argv: list[str]) -> None:
+  """`python benchmarks/data_bench.py service [--examples 600] [--repeats 3]`: the tf.data
+  service with 2 workers (a subprocess) feeding jaxport loaders, each epoch `examples` elements
+  through a ~5 ms (on an idle core) TF map. Examples/s over an epoch after a warm-up epoch, of:
+  one process mapping locally (no service); two JAX processes (jax.distributed on localhost)
+  mapping locally, each its `Dataset.shard`; one process reading the service; two processes
+  splitting one distributed_epoch job, which also report the per-round cost of their step
+  agreement. Configurations interleave over repeats; medians.
+  Every process shares this machine's cores, so the service cannot add compute here: the numbers
+  show the cost of the service path and of the agreement, not a multi-host speed-up."""
+  import subprocess
+  import sys
+  if argv[:1] in (["servers"], ["consumer"]):
+    return _service_role(argv)
+  parser = argparse.ArgumentParser(prog="data_bench.py service")
+  parser.add_argument("--examples", type=int, default=600)
+  parser.add_argument("--repeats", type=int, default=3)
+  args = parser.parse_args(argv)
+  me = [sys.executable, __file__, "service"]
+  servers = subprocess.Popen(me + ["servers"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+  try:
+    target = servers.stdout.readline().strip()
+    samples: dict[str, list] = {"local": [], "local, 2 processes": [], "service, 1 process": [],
+                                "service, 2 processes": []}
+    for repeat in range(args.repeats):
+      for name in samples:
+        processes = 2 if name.endswith("2 processes") else 1
+        port = _free_port()
+        runs = [subprocess.Popen(me + ["consumer", str(i), str(processes), str(port), target,
+                                       "local" if name.startswith("local")
+                                       else f"job-{repeat}-{processes}",
+                                       str(args.examples)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, text=True) for i in range(processes)]
+        reports = [json.loads(run.communicate(timeout=600)[0].strip().splitlines()[-1])
+                   for run in runs]
+        seconds = max(r["seconds"] for r in reports)
+        samples[name].append({"examples_per_s": sum(r["examples"] for r in reports) / seconds,
+                              "round_ms": [r["round_ms"] for r in reports if r["round_ms"]],
+                              "fastest_ms": [r["fastest_ms"] for r in reports if r["round_ms"]]})
+  finally:
+    servers.kill()
+    servers.wait()
+  print(f"tf.data service, {args.examples} examples per epoch, medians of {args.repeats}:")
+  base = statistics.median(s["examples_per_s"] for s in samples["local"])
+  for name, runs in samples.items():
+    rate = statistics.median(s["examples_per_s"] for s in runs)
+    rounds = [ms for s in runs for ms in s["round_ms"]]
+    fastest = [ms for s in runs for ms in s["fastest_ms"]]
+    agreement = (f"; agreement rounds (4 steps each): median {statistics.median(rounds):.2f} ms "
+                 f"(waiting for the other process included), fastest {min(fastest):.2f} ms"
+                 if rounds else "")
+    print(f"  {name:22s} {rate:8.1f} examples/s ({rate / base:.2f}x local){agreement}")
+
+
+def _service_role(argv: list[str]) -> None:
+  import sys
+  import tensorflow as tf
+  service = tf.data.experimental.service
+  if argv[0] == "servers":
+    dispatcher = service.DispatchServer(service.DispatcherConfig(port=0, work_dir=None,
+                                                                 fault_tolerant_mode=False))
+    address = dispatcher.target.split("://")[1]
+    kept = [service.WorkerServer(service.WorkerConfig(dispatcher_address=address))
+            for _ in range(2)]
+    print(dispatcher.target, flush=True)
+    sys.stdin.read()
+    del kept
+    return
+  index, processes, port, target, job, examples = argv[1:]
+  index, processes, examples = int(index), int(processes), int(examples)
+  import jax
+  jax.config.update("jax_platforms", "cpu")
+  if processes > 1:
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}",
+                               num_processes=processes, process_id=index)
+  import jaxport.data
+  from jaxport.data import _tf_service
+
+  def costly(i):
+    x = tf.random.stateless_uniform([128, 128], seed=tf.stack([i, i]))
+    for _ in range(8):
+      x = tf.tanh(tf.matmul(x, x) / 128.0)
+    return {"id": tf.cast(i, tf.int32), "x": tf.reduce_mean(x, axis=0)}
+
+  dataset = tf.data.Dataset.range(examples).map(costly, num_parallel_calls=tf.data.AUTOTUNE)
+  if job != "local":
+    dataset = dataset.apply(service.distribute("distributed_epoch", target, job_name=job))
+  rounds = []
+  exchange = _tf_service.StepAgreement.exchange
+
+  def timed(self, count):
+    began = time.perf_counter()
+    counts = exchange(self, count)
+    rounds.append(1e3 * (time.perf_counter() - began))
+    return counts
+
+  _tf_service.StepAgreement.exchange = timed
+  loader = jaxport.data.loader(dataset, batch_size=16, last_batch="pad")
+  for epoch in range(2):  # the first warms up
+    began, seen, rounds[:] = time.perf_counter(), 0, []
+    for batch in loader:
+      seen += sum(int(np.asarray(shard.data).sum()) for shard in
+                  jax.block_until_ready(batch["mask"]).addressable_shards)
+  seconds = time.perf_counter() - began
+  loader.close()
+  print(json.dumps({"examples": seen, "seconds": seconds,
+                    "round_ms": statistics.median(rounds) if rounds else None,
+                    "fastest_ms": min(rounds) if rounds else None}), flush=True)
+  if processes > 1:
+    jax.distributed.shutdown()
+
+
+def _free_port() -> int:
+  import socket
+  with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    return probe.getsockname()[1]
+
+
+RESTORE_FRACTIONS = (0.05, 0.5, 0.95)
+
+
+def restore_rows_random_access(repeats: int, examples: int = 12800, batch: int = 64) -> list[dict]:
+  """ms from restoring a state saved at 5/50/95% of an epoch to the first batch, for random-access
+  and grain sources through jaxport, against grain's own restore (an iterator's set_state + its
+  first batch) and a replaying re-iterable, over the same 32x32x3 uint8 examples (decoded from
+  zlib on each read)."""
+  import grain
+  import jax
+
+  import jaxport.data
+
+  import zlib
+
+  rng = np.random.default_rng(0)
+  # Stored compressed, as in a record file: each read decodes (~10-20 us), which replays pay too.
+  images = [zlib.compress(rng.integers(0, 16, (32, 32, 3), dtype=np.uint8).tobytes(), 1)
+            for _ in range(examples)]
+  labels = rng.integers(0, 10, (examples,), dtype=np.int32)
+
+  class Examples:
+    def __len__(self):
+      return examples
+
+    def __getitem__(self, i):
+      image = np.frombuffer(zlib.decompress(images[i]), np.uint8).reshape(32, 32, 3)
+      return {"image": image, "label": labels[i]}
+
+  class InOrder:  # a re-iterable stream of the same examples: resumes by replaying
+    def __iter__(self):
+      return (pool[i] for i in range(examples))
+
+  pool = Examples()
+  grain_map = lambda: grain.MapDataset.source(pool).shuffle(seed=1)  # noqa: E731
+  through_jaxport = {
+      "jaxport RandomAccess (O(1))": lambda: jaxport.data.RandomAccess(pool, seed=1),
+      "jaxport over grain MapDataset (O(1))": grain_map,
+      "jaxport over grain IterDataset (grain state)": lambda: grain_map().to_iter_dataset(),
+      "jaxport over a re-iterable (replays)": InOrder,
+  }
+  steps = examples // batch
+
+  def grain_own(step: int):
+    """grain's own restore: its batched iterator's state at `step`, then set_state + next."""
+    dataset = grain_map().batch(batch, drop_remainder=True).to_iter_dataset()
+    iterator = iter(dataset)
+    for _ in range(step):
+      next(iterator)
+    state = iterator.get_state()
+
+    def restore() -> float:
+      began = time.perf_counter()
+      fresh = iter(dataset)
+      fresh.set_state(state)
+      jax.block_until_ready(jax.tree.map(jax.numpy.asarray, next(fresh)))
+      return 1e3 * (time.perf_counter() - began)
+    return restore
+
+  def through(make, step: int):
+    loader = jaxport.data.loader(make(), batch_size=batch, prefetch=0)
+    for _ in range(step):
+      next(iter(loader))
+    state = loader.state()
+    loader.close()
+
+    def restore() -> float:
+      began = time.perf_counter()
+      restored = jaxport.data.loader(make(), batch_size=batch, prefetch=0, state=state)
+      jax.block_until_ready(next(iter(restored)))
+      elapsed = 1e3 * (time.perf_counter() - began)
+      restored.close()
+      return elapsed
+    return restore
+
+  rows = []
+  for fraction in RESTORE_FRACTIONS:
+    step = int(fraction * steps)
+    runs = {name: through(make, step) for name, make in through_jaxport.items()}
+    runs["grain's own (set_state + first batch)"] = grain_own(step)
+    samples = {name: [] for name in runs}
+    for _ in range(repeats):  # interleaved
+      for name, restore in runs.items():
+        samples[name].append(restore())
+    rows += [{"source": name, "fraction": fraction, "step": step, "steps": steps,
+              "restore_ms": statistics.median(values)} for name, values in samples.items()]
+  return rows
+
+
+def restore_table_random_access(rows: list[dict]):
+  from rich.table import Table
+
+  table = Table(title="Restore to the first batch, random-access and grain sources (ms, medians)")
+  fractions = sorted({r["fraction"] for r in rows})
+  table.add_column("source", justify="left")
+  for fraction in fractions:
+    table.add_column(f"at {100 * fraction:.0f}% of the epoch", justify="right")
+  for name in dict.fromkeys(r["source"] for r in rows):
+    table.add_row(name, *(f"{r['restore_ms']:.1f}" for f in fractions for r in rows
+                          if r["source"] == name and r["fraction"] == f))
+  return table
+
+
+def restore_bench_random_access(argv: list[str]) -> None:
+  """`python benchmarks/data_bench.py restore-random-access [--repeats 7]`: the restore rows of
+  random-access and grain sources; prints a table and writes out/data_bench_restore_ra.json."""
+  from rich.console import Console
+
+  parser = argparse.ArgumentParser(prog="data_bench.py restore-random-access")
+  parser.add_argument("--repeats", type=int, default=7)
+  parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "out"))
+  args = parser.parse_args(argv)
+  rows = restore_rows_random_access(args.repeats)
+  Console(width=180).print(restore_table_random_access(rows))
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "data_bench_restore_ra.json").write_text(json.dumps(rows, indent=2))
+
+
+def restore_rows(repeats: int, batches: int = 1000, batch: int = 32) -> list[dict]:
+  """ms from restoring a state saved at 5/50/95% of an epoch (`state()` -> a new loader given
+  `state=` -> its first batch on device), and the state's size (`len(json.dumps(state))`), per
+  source kind, each `batches` batches of `batch` examples: a tf.data pipeline (range ->
+  shuffle(1000) -> map -> batch -> prefetch), a re-iterable Python source (replays by count: the
+  documented last resort) and a shuffled torch DataLoader (replays). Loaders read ahead as by
+  default (prefetch=2). To add a source kind, add an entry to `sources`: its name -> (a factory
+  of a fresh source, extra loader arguments)."""
+  import jax
+  import tensorflow as tf
+  import torch
+
+  import jaxport.data
+
+  examples = batches * batch
+
+  def pipeline():
+    return (tf.data.Dataset.range(examples).shuffle(1000, seed=1)
+            .map(lambda i: {"x": tf.fill([16], tf.cast(i, tf.float32)), "y": tf.cast(i % 10, tf.int32)})
+            .batch(batch, drop_remainder=True).prefetch(2))
+
+  class Batches:
+    """Re-iterable; each batch costs some NumPy work, as a real source's would."""
+
+    def __iter__(self):
+      for i in range(batches):
+        x = np.arange(i * batch, (i + 1) * batch, dtype=np.float32)
+        yield {"x": np.repeat(x[:, None], 16, 1), "y": (x % 10).astype(np.int32)}
+
+  features = torch.arange(examples, dtype=torch.float32)[:, None].repeat(1, 16)
+  pairs = torch.utils.data.TensorDataset(features, torch.arange(examples) % 10)
+  sources = {
+      "tf.data shuffle(1000)+map+batch+prefetch": (pipeline, {}),
+      "Python iterable (replays)": (Batches, {}),
+      "torch DataLoader, shuffled (replays)": (
+          lambda: torch.utils.data.DataLoader(pairs, batch_size=batch, shuffle=True,
+                                              drop_last=True), {"seed": 1}),
+  }
+
+  def saved(make, kwargs, step: int) -> dict:
+    loader = jaxport.data.loader(make(), **kwargs)
+    for _ in range(step):
+      next(iter(loader))
+    state = json.loads(json.dumps(loader.state()))
+    loader.close()
+    return state
+
+  def restore(make, kwargs, state) -> float:
+    began = time.perf_counter()
+    restored = jaxport.data.loader(make(), state=state, **kwargs)
+    jax.block_until_ready(next(iter(restored)))
+    elapsed = 1e3 * (time.perf_counter() - began)
+    restored.close()
+    return elapsed
+
+  rows = []
+  for fraction in RESTORE_FRACTIONS:
+    step = int(fraction * batches)
+    states = {name: saved(make, kwargs, step) for name, (make, kwargs) in sources.items()}
+    samples = {name: [] for name in sources}
+    for _ in range(repeats):  # interleaved
+      for name, (make, kwargs) in sources.items():
+        samples[name].append(restore(make, kwargs, states[name]))
+    rows += [{"source": name, "fraction": fraction, "step": step, "steps": batches,
+              "restore_ms": statistics.median(values),
+              "state_bytes": len(json.dumps(states[name]))} for name, values in samples.items()]
+  return rows
+
+
+def first_batch_rows(repeats: int) -> list[dict]:
+  """ms from building the pipeline to its first batch on device: raw tf.data (`iter(ds)` ->
+  `jax.device_put`) against jaxport.data.loader (which snapshots each epoch's iterator when it
+  makes it), interleaved; for the typical pipeline of `restore_rows` and the image workload."""
+  import jax
+  import tensorflow as tf
+
+  import jaxport.data
+
+  makes = {
+      "tf.data shuffle(1000)+map+batch+prefetch": lambda: (
+          tf.data.Dataset.range(32000).shuffle(1000, seed=1)
+          .map(lambda i: {"x": tf.fill([16], tf.cast(i, tf.float32)), "y": tf.cast(i % 10, tf.int32)})
+          .batch(32, drop_remainder=True).prefetch(2)),
+  }
+  name = "images 64x224x224x3 uint8, batched by tf.data"
+  image_make = workloads()[name][0]
+  makes[name] = lambda: image_make(50)
+
+  def raw(make) -> float:
+    began = time.perf_counter()
+    iterator = iter(make())
+    jax.block_until_ready(jax.device_put(jax.tree.map(np.asarray, next(iterator))))
+    return 1e3 * (time.perf_counter() - began)
+
+  def through(make) -> float:
+    began = time.perf_counter()
+    loader = jaxport.data.loader(make())
+    jax.block_until_ready(next(iter(loader)))
+    elapsed = 1e3 * (time.perf_counter() - began)
+    loader.close()
+    return elapsed
+
+  rows = []
+  for name, make in makes.items():
+    raw(make), through(make)  # warm-up: tracing, thread pools
+    samples = {"raw": [], "jaxport": []}
+    for _ in range(repeats):
+      samples["raw"].append(raw(make))
+      samples["jaxport"].append(through(make))
+    medians = {mode: statistics.median(values) for mode, values in samples.items()}
+    rows.append({"workload": name, "raw_ms": medians["raw"], "jaxport_ms": medians["jaxport"],
+                 "ratio": medians["jaxport"] / medians["raw"]})
+  return rows
+
+
+def restore_bench(argv: list[str]) -> None:
+  """`python benchmarks/data_bench.py restore [--repeats 7] [--batches 1000]`: `restore_rows`
+  and `first_batch_rows`; prints tables and writes out/data_bench_restore.json."""
+  from rich.console import Console
+  from rich.table import Table
+
+  parser = argparse.ArgumentParser(prog="data_bench.py restore")
+  parser.add_argument("--repeats", type=int, default=7)
+  parser.add_argument("--batches", type=int, default=1000)
+  parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "out"))
+  args = parser.parse_args(argv)
+  console = Console(width=180)
+  rows = restore_rows(args.repeats, args.batches)
+  table = restore_table_random_access(rows)
+  table.title = f"Restore to the first batch, {args.batches}-batch epochs (ms, medians)"
+  table.add_column("state size (KB)", justify="right")
+  for index, name in enumerate(dict.fromkeys(r["source"] for r in rows)):
+    sizes = [r["state_bytes"] / 1e3 for r in rows if r["source"] == name]
+    table.columns[-1]._cells.append(f"{min(sizes):.1f}-{max(sizes):.1f}")  # pylint: disable=protected-access
+  console.print(table)
+  first = first_batch_rows(args.repeats)
+  ttfb = Table(title="Time to the first batch (ms, medians of interleaved repeats)")
+  for column in ("workload", "raw tf.data", "jaxport", "jaxport / raw"):
+    ttfb.add_column(column, justify="left" if column == "workload" else "right")
+  for r in first:
+    ttfb.add_row(r["workload"], f"{r['raw_ms']:.1f}", f"{r['jaxport_ms']:.1f}", f"{r['ratio']:.2f}x")
+  console.print(ttfb)
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "data_bench_restore.json").write_text(json.dumps({"restore": rows, "first_batch": first},
+                                                          indent=2))
+
+
 if __name__ == "__main__":
-  main()
+  import sys
+  if sys.argv[1:2] == ["service"]:
+    service_bench(sys.argv[2:])
+  elif sys.argv[1:2] == ["restore"]:
+    restore_bench(sys.argv[2:])
+  elif sys.argv[1:2] == ["restore-random-access"]:
+    restore_bench_random_access(sys.argv[2:])
+  else:
+    main()

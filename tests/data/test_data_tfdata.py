@@ -247,10 +247,11 @@ def test_checkpoint_every_bounds_the_replay():
   loader = jaxport.data.loader(records(20), batch_size=2, checkpoint_every=2, prefetch=3)
   list(itertools.islice(loader, 5))
   state = loader.state()
-  assert state["step"] == 5 and state["source_state"]["position"] == 4
-  without = jaxport.data.loader(records(20), batch_size=2)
+  # Every 2 batches, or exactly at the step where the producer is not ahead of the consumer.
+  assert state["step"] == 5 and state["source_state"]["position"] in (4, 5)
+  without = jaxport.data.loader(records(20), batch_size=2)  # snapshots as their cost allows
   list(itertools.islice(without, 5))
-  assert without.state()["source_state"]["position"] == 0
+  assert 0 <= without.state()["source_state"]["position"] <= 5
 
 
 def test_generator_pipelines_explain_how_to_resume():
@@ -260,18 +261,16 @@ def test_generator_pipelines_explain_how_to_resume():
   dataset = tf.data.Dataset.from_generator(generate, output_signature=tf.TensorSpec((), tf.int64))
   loader = jaxport.data.loader(dataset, batch_size=2)
   next(loader)
-  with pytest.raises(NotResumableError, match="ExternalStatePolicy.IGNORE"):
+  with pytest.raises(NotResumableError, match="re-iterable Python source"):
     loader.state()
-
+  # IGNORE would leave the generator's position out of the snapshots: refused too (the fix the
+  # error suggests is tested in test_data_resume_fast.py).
   options = tf.data.Options()
   options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
-  ignoring = dataset.with_options(options)
-  loader = jaxport.data.loader(ignoring, batch_size=2)
-  assert np.asarray(next(loader)).tolist() == [0, 1]
-  resumed = jaxport.data.loader(ignoring, batch_size=2, state=loader.state())
-  assert [np.asarray(b).tolist() for b in resumed] == [[2, 3], [4, 5]]
-  with pytest.raises(ValueError, match="checkpoint_every= needs snapshots of the whole pipeline"):
-    jaxport.data.loader(ignoring, batch_size=2, checkpoint_every=1)
+  loader = jaxport.data.loader(dataset.with_options(options), batch_size=2)
+  next(loader)
+  with pytest.raises(NotResumableError, match="start over"):
+    loader.state()
 
 
 def test_restore_into_a_different_pipeline_is_an_error():

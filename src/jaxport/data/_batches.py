@@ -2,6 +2,7 @@
 import dataclasses
 import itertools
 import math
+import time
 from typing import Any, Iterable, Iterator, Literal
 
 import numpy as np
@@ -83,11 +84,16 @@ def stack(examples: list[Flat]) -> Flat:
   return Flat(first.treedef, first.paths, leaves, len(examples))
 
 
-def batch_examples(examples: Iterable[Any], batch_size: int) -> Iterator[Flat]:
-  """Groups a stream of examples into batches; the last one may be short."""
+def batch_examples(examples: Iterable[Any], batch_size: int, clock: Any = None) -> Iterator[Flat]:
+  """Groups a stream of examples into batches; the last one may be short. The time spent
+  flattening and stacking is added to `clock.transform` (a `_stats.StageClock`), if given."""
   iterator = iter(examples)
   while chunk := list(itertools.islice(iterator, batch_size)):
-    yield stack([flatten(example, batched=False) for example in chunk])
+    began = time.perf_counter()
+    batch = stack([flatten(example, batched=False) for example in chunk])
+    if clock is not None:
+      clock.transform += time.perf_counter() - began
+    yield batch
 
 
 @dataclasses.dataclass

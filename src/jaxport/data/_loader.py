@@ -1,6 +1,7 @@
 """The Loader: source -> checked host batches -> devices, prefetched in a thread, resumable."""
 import itertools
 import math
+import time
 from typing import Any, Iterator
 
 import jax
@@ -11,7 +12,8 @@ from jaxport.data._batches import (LAST_BATCH_POLICIES, BatchLayout, LastBatch, 
 from jaxport.data._prefetch import Feed
 from jaxport.data import _state
 from jaxport.data._sources import Source, make_source
-from jaxport.data._stats import LoaderStats, Meter, ProgressBar
+from jaxport.data._tf_service import TFServiceSource
+from jaxport.data._stats import LoaderStats, Meter, ProgressBar, StageClock
 from jaxport.data._transfer import DtypePolicy, DtypesSpec, Placer, resolve_sharding
 from jaxport.errors import LoaderStateError
 
@@ -67,7 +69,7 @@ class Loader:
         self._source.count(), examples=self._source.examples, local_batch=local_batch,
         policy=last_batch, processes=processes, loader_shards=self._source.loader_shards,
         last_short=self._source.last_short())
-    if processes > 1 and self._steps is None:
+    if processes > 1 and self._steps is None and not isinstance(self._source, TFServiceSource):
       raise ValueError(
           f"jaxport.data: with {processes} processes every process must run the same number of "
           "steps, so the length of the source must be known. Give tf.data pipelines a known "
@@ -79,6 +81,7 @@ class Loader:
     self._bar = ProgressBar() if progress else None
     self._name = f"jaxport-data-prefetch-{next(_names)}"
     self._feed: Feed | None = None
+    self._clock = StageClock()  # the open feed's producer's
     self._epoch, self._step = 0, 0
     self._exhausted = self._closed = False
     self._failure: Exception | None = None
@@ -126,9 +129,11 @@ class Loader:
     return int(self._steps)
 
   def _open_feed(self) -> Feed:
+    self._clock = StageClock()
     items = _produce(self._source, self._epoch, self._step, policy=self._last_batch,
                      layout=self._layout, steps=self._steps if self._processes > 1 else None,
-                     placer=self._placer, casts=self._casts, wait=self._placer.copies)
+                     placer=self._placer, casts=self._casts, wait=self._placer.copies,
+                     clock=self._clock)
     if self._bar is not None:
       self._bar.start(self._epoch, self._steps, self._step)
     return Feed(items, self._prefetch, self._name, max_bytes=self._prefetch_bytes,
@@ -138,6 +143,7 @@ class Loader:
     if self._feed is not None:
       self._feed.close()
       self._feed = None
+      self._meter.retire(self._clock)
     if self._bar is not None:
       self._bar.end_epoch()
 
@@ -179,10 +185,10 @@ class Loader:
 
     Batches already prefetched but not received are produced again after a restore. Cost of
     resuming: Python iterables and DataLoaders replay the epoch's earlier batches (read, not
-    transferred); tf.data restores its iterator snapshot from the epoch start (shuffle seeds and
-    the pipeline's buffered elements at that point, small before the first batch) and replays
-    from there, or from the latest of the snapshots taken every `checkpoint_every` batches, each
-    of which serializes the pipeline's buffers (shuffle and prefetch) into the state.
+    transferred); tf.data restores the latest iterator snapshot at or before the step (taken as
+    their cost allows, ~5% of reading time, or every `checkpoint_every` batches) and replays the
+    few batches after it: about the same cost anywhere in the epoch. The state holds the
+    pipeline's buffers (shuffle and prefetch), compressed.
     """
     epoch, step = self.epoch, self.step
     return _state.seal({
@@ -209,14 +215,19 @@ class Loader:
     expected = {"source": self._source.kind, "batch_size": self._batch_size,
                 "last_batch": self._last_batch, "process_index": self._index,
                 "process_count": self._processes}
+    elastic = self._source.elastic  # re-splits the saved global position over these processes
+    if elastic:
+      del expected["process_index"], expected["process_count"]
     different = {key: (state.get(key), value) for key, value in expected.items()
                  if state.get(key) != value}
     if different:
       details = ", ".join(f"{key}: saved {saved!r}, here {here!r}"
                           for key, (saved, here) in different.items())
+      way_out = (" The process count may change on restore, the global batch_size may not."
+                 if elastic and "batch_size" in different else "")
       raise LoaderStateError(next(iter(different)), f"the state was saved by a differently "
-                             f"configured loader ({details}).")
-    saved_size = state["local_batch_size"]
+                             f"configured loader ({details}).{way_out}")
+    saved_size = self._layout.size if elastic else state["local_batch_size"]
     if saved_size is not None and self._layout.size not in (None, saved_size):
       raise LoaderStateError("local_batch_size", f"the state's batches have {saved_size} rows per "
                              f"process, this loader's {self._layout.size}.")
@@ -230,7 +241,8 @@ class Loader:
 
   def stats(self) -> LoaderStats:
     depth = self._feed.depth() if self._feed is not None else 0
-    return self._meter.snapshot(depth, self._prefetch)
+    return self._meter.snapshot(depth, self._prefetch,
+                                self._clock if self._feed is not None else None)
 
   @property
   def sharding(self) -> jax.sharding.Sharding | None:
@@ -239,12 +251,21 @@ class Loader:
 
 def _produce(source: Source, epoch: int, start: int, *, policy: LastBatch, layout: BatchLayout,
              steps: float | None, placer: Placer, casts: DtypePolicy,
-             wait: bool) -> Iterator[tuple[int, Any, int]]:
+             wait: bool, clock: StageClock) -> Iterator[tuple[int, Any, int]]:
   """(step, device batch, host bytes) for one epoch; with `wait`, each batch is ready on device
   when yielded (transfers that copy are done). It may run in the prefetch thread, so it holds no
-  reference to the Loader: the loader can be collected while it runs."""
-  for step, batch, mask in apply_last_batch(source.batches(epoch, start), policy=policy,
-                                            layout=layout, steps=steps, start=start):
+  reference to the Loader: the loader can be collected while it runs. Times its stages into
+  `clock` (the source's readers add their transform time to it), a few µs per batch."""
+  source.clock = clock
+  began, transformed = time.perf_counter(), 0.0
+  if isinstance(source, TFServiceSource):  # the processes agree on the steps as they go
+    stream = source.agreed_steps(epoch, start, policy=policy, layout=layout)
+  else:
+    stream = apply_last_batch(source.batches(epoch, start), policy=policy, layout=layout,
+                              steps=steps, start=start)
+  for step, batch, mask in stream:
+    read = time.perf_counter()
+    clock.source += read - began - (clock.transform - transformed)
     arrays, moved = [], 0
     for path, leaf, target in zip(batch.paths, batch.leaves, casts.targets(batch)):
       array, size = placer.put(path, leaf)
@@ -255,7 +276,10 @@ def _produce(source: Source, epoch: int, start: int, *, policy: LastBatch, layou
       tree = _with_mask(tree, placer.put((DictKey(MASK_KEY),), mask)[0])
     if wait:
       jax.block_until_ready(tree)
+    clock.transfer += time.perf_counter() - read
+    clock.batches += 1
     yield step, tree, moved
+    began, transformed = time.perf_counter(), clock.transform
 
 
 def _host_bytes(item: tuple[int, Any, int]) -> int:
@@ -304,11 +328,13 @@ def loader(source: Any, *, batch_size: int | None = None, sharding: Any = None, 
       batches become `(batch, mask)`).
     shard_by_process: with several processes, each reads its own share of the source
       (`Dataset.shard`, or every n-th element of other sources). Set False when the source already
-      yields this process's share (e.g. a DataLoader with a DistributedSampler is detected).
+      yields this process's share (e.g. a DataLoader with a DistributedSampler is detected). A
+      tf.data service read is never sharded: the service splits it (needs last_batch="pad").
     seed: seeds the shuffling order the loader owns: a DataLoader's RandomSampler that has no
       generator gets one, seeded per epoch, so that its order can be replayed.
-    checkpoint_every: tf.data only: also snapshot the tf.data iterator every n batches, so that
-      resuming replays at most n batches (each snapshot serializes the pipeline's buffers).
+    checkpoint_every: tf.data only: snapshot the tf.data iterator every n batches, so that
+      resuming replays at most n batches (default: as often as the snapshots' measured cost
+      allows, ~5% of the time spent reading).
     progress: show a rich progress bar.
     state: a `Loader.state()` to resume from (an invalid, altered or foreign state raises
       `jaxport.errors.LoaderStateError` naming the field).

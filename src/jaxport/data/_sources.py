@@ -7,8 +7,10 @@ import base64
 import collections.abc
 import itertools
 import math
+import re
 import sys
 import threading
+import time
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -30,6 +32,9 @@ class Source:
   kind: str
   examples: bool  # yields single examples, which the loader batches
   loader_shards: bool  # the loader splits the source across processes (else it already is split)
+  elastic: bool = False  # a state restores with another process count (same global batch)
+  clock: Any = None  # the reading feed's _stats.StageClock (set by the loader): readers add
+  # their host-side transform time (flattening, stacking) to clock.transform
 
   def count(self) -> float | None:
     """Elements per epoch (the whole source if `loader_shards`), inf if endless, None if unknown."""
@@ -60,6 +65,13 @@ def make_source(source: Any, *, batch_size: int | None, processes: int, index: i
   """The Source for `source`; `batch_size` is this process's batch size when it yields examples."""
   tf = sys.modules.get("tensorflow")
   if tf is not None and isinstance(source, tf.data.Dataset):
+    from jaxport.data import _tf_service  # pylint: disable=import-outside-toplevel
+    jobs = _tf_service.service_jobs(source)
+    if jobs:  # the service splits the data: never sharded here (see _tf_service)
+      return _tf_service.TFServiceSource(
+          source, jobs, batch_size=batch_size, processes=processes, index=index,
+          drop_remainder=drop_remainder, checkpoint_every=checkpoint_every, prefetch=prefetch,
+          prefetch_bytes=prefetch_bytes)
     return TFDataSource(source, batch_size=batch_size, processes=processes, index=index, shard=shard,
                         drop_remainder=drop_remainder, checkpoint_every=checkpoint_every,
                         prefetch=prefetch, prefetch_bytes=prefetch_bytes)
@@ -70,23 +82,41 @@ def make_source(source: Any, *, batch_size: int | None, processes: int, index: i
   if torch is not None and isinstance(source, torch.utils.data.DataLoader):
     return TorchSource(source, batch_size=batch_size, processes=processes, index=index, shard=shard,
                        seed=seed)
+  from jaxport.data import _random_access  # pylint: disable=import-outside-toplevel
+  found = _random_access.random_access_source(
+      source, batch_size=batch_size, processes=processes, index=index, shard=shard, seed=seed,
+      prefetch=prefetch)
+  if found is not None:  # RandomAccess, grain datasets and data sources
+    return found
   if isinstance(source, (str, bytes, collections.abc.Mapping)) or not isinstance(
       source, collections.abc.Iterable):
-    raise TypeError("jaxport.data: source must be a tf.data.Dataset, a torch DataLoader, or an "
-                    f"iterable of (nested) arrays, not {type(source).__name__}.")
+    raise TypeError("jaxport.data: source must be a tf.data.Dataset, a torch DataLoader, a grain "
+                    "dataset or DataLoader, a random-access source wrapped in "
+                    "jaxport.data.RandomAccess(...), or an iterable of (nested) arrays, not "
+                    f"{type(source).__name__}.")
   return IterableSource(source, batch_size=batch_size, processes=processes, index=index, shard=shard)
 
 
 def _local_batches(elements: Iterator[Any], *, batch_size: int | None, processes: int, index: int,
-                   shard: bool, start: int) -> Iterator[Flat]:
+                   shard: bool, start: int, clock: Any = None) -> Iterator[Flat]:
   """This process's batches of a Python stream, from local step `start` (skipped, not loaded)."""
   if shard and processes > 1:
     elements = itertools.islice(elements, index, None, processes)
   if batch_size is not None:
     # The last batch delivered may have been short: one element of it must be there.
     return batch_examples(_skipped(elements, start * batch_size, (start - 1) * batch_size + 1,
-                                   "examples"), batch_size)
-  return (flatten(element, batched=True) for element in _skipped(elements, start, start, "batches"))
+                                   "examples"), batch_size, clock)
+  return _flattened(_skipped(elements, start, start, "batches"), clock)
+
+
+def _flattened(elements: Iterator[Any], clock: Any) -> Iterator[Flat]:
+  """Checked batches, the time spent checking them added to `clock.transform`."""
+  for element in elements:
+    began = time.perf_counter()
+    batch = flatten(element, batched=True)
+    if clock is not None:
+      clock.transform += time.perf_counter() - began
+    yield batch
 
 
 def _skipped(elements: Iterator[Any], count: int, needed: int, unit: str) -> Iterator[Any]:
@@ -127,7 +157,7 @@ class IterableSource(Source):
     self._opened = True
     return _local_batches(iter(self._source), batch_size=self._batch_size,
                           processes=self._processes, index=self._index, shard=self.loader_shards,
-                          start=start)
+                          start=start, clock=self.clock)
 
   def record(self, epoch: int, step: int) -> Any:
     if self._one_shot:
@@ -196,7 +226,7 @@ class TorchSource(Source):
     self._begin_epoch(epoch)
     return _local_batches(iter(self._loader), batch_size=self._batch_size,
                           processes=self._processes, index=self._index, shard=self.loader_shards,
-                          start=start)
+                          start=start, clock=self.clock)
 
   def _begin_epoch(self, epoch: int) -> None:
     if self._distributed:
@@ -247,15 +277,50 @@ class TorchSource(Source):
     self._epoch_states = {epoch: list(generators)}
 
 
+# Snapshots may take this share of the time spent reading batches: restoring then replays at most
+# ~1/_SNAPSHOT_BUDGET snapshots' worth of reading, wherever in the epoch the state was taken.
+_SNAPSHOT_BUDGET = 0.05
+_PY_FUNCTIONS = ("PyFunc", "EagerPyFunc", "PyFuncStateless")
+
+
+class _Snapshot:
+  """A tf.data iterator's state before it read batch `position` of its epoch: TF's variant tensor
+  (its tensors referenced, not copied), encoded once a state needs it."""
+  __slots__ = ("position", "variant", "encoded")
+
+  def __init__(self, position: int, variant: Any = None, encoded: str | None = None):
+    self.position, self.variant, self.encoded = position, variant, encoded
+
+
 class TFDataSource(Source):
   """A tf.data.Dataset, sharded per process with Dataset.shard and batched in tf.data.
 
   tf.data also reads ahead in its own threads, which need no GIL (a `prefetch` stage is appended
   unless the pipeline ends with one). Elements are read as flat tensors (`_TensorReader`).
 
-  Resume uses tf.data's own iterator checkpointing: the iterator of each epoch is serialized
-  before its first batch (and every `checkpoint_every` batches), and a resumed loader restores the
-  latest snapshot at or before its step, then replays the batches in between.
+  Resume uses tf.data's own iterator checkpointing. While reading, the iterator is snapshotted
+  (`_tf_compat.snapshot_iterator`, kept unencoded) before a batch every so often: each snapshot's
+  cost is measured, and the next one comes once reading has taken 1/_SNAPSHOT_BUDGET times as long
+  (every `checkpoint_every` batches if given), so snapshots cost ~5% of reading at most; a cheap
+  pipeline is snapshotted before every batch. Only the snapshots that can still be the latest at
+  or before the consumer's step (the consumer trails by the batches read ahead) are kept. `state()`
+  encodes the latest one at or before the consumer's step (or snapshots the iterator then, when it
+  has read exactly the consumer's batches: nothing read ahead), and a restored loader restores it
+  and replays the batches from there to the step: a bounded number (the reading time of ~20
+  snapshots), whatever the step, so restoring late in an epoch costs what restoring early does.
+  Each epoch's iterator is also snapshotted when made, before it reads anything (see load() for
+  why): that snapshot holds no elements, but costs ~10 µs per slot of a shuffle buffer (~10-25 ms
+  for `shuffle(1000)`), so the loader's first iterator, made on the way to the first batch, is not:
+  a restore remakes its snapshot from the restored dataset's own first iterator. That assumes the
+  dataset was not iterated outside the loader before it and is restored into a new loader;
+  otherwise a state saved in the last batches of the loader's first epoch resumes that epoch
+  exactly, but later epochs may reshuffle differently.
+
+  A snapshot holds the pipeline's buffers: tf.data's prefetch buffer, a shuffle buffer (its
+  elements, compressed in the state: ~9 KB for a `shuffle(1000)` of scalars, but ~150 MB for one of
+  224x224x3 images). tf.data's `experimental_symbolic_checkpoint` option, where the user sets it,
+  leaves prefetch and map buffers out (smaller, cheaper snapshots); in TF 2.21 shuffle still saves
+  its buffer under it (and reads ~2x slower), and cache, rebatch and ignore_errors refuse it.
   """
   kind = "tf.data"
 
@@ -271,18 +336,13 @@ class TFDataSource(Source):
     self._count = math.inf if cardinality == tf.data.INFINITE_CARDINALITY else (
         None if cardinality < 0 else cardinality)
     prefetched = _ends_with_prefetch(dataset)
-    policy = dataset.options().experimental_external_state_policy
-    if policy is None:
+    self._policy = dataset.options().experimental_external_state_policy
+    if self._policy is None:
       # As tf.train.Checkpoint does: fail to snapshot state that tf.data cannot serialize (e.g. a
       # from_generator's Python generator) rather than silently leave it out.
       options = tf.data.Options()
       options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.FAIL
       dataset = dataset.with_options(options)
-    elif checkpoint_every is not None and policy != tf.data.experimental.ExternalStatePolicy.FAIL:
-      raise ValueError(
-          "jaxport.data: checkpoint_every= needs snapshots of the whole pipeline, but this dataset "
-          f"sets experimental_external_state_policy={policy.name}, which leaves state out of them; "
-          "resume then replays from the start of the epoch.")
     if shard and processes > 1:
       dataset, prefetched = dataset.shard(processes, index), False
     if batch_size is not None:
@@ -298,18 +358,22 @@ class TFDataSource(Source):
       raise ValueError(f"jaxport.data: checkpoint_every must be a positive number of batches, not "
                        f"{checkpoint_every}.")
     self._checkpoint_every = checkpoint_every
-    # Besides the epoch-start one, only snapshots within the distance by which the consumer can
-    # trail the producer (the batches read ahead, a short batch's look-ahead) can still be the
-    # latest at or before the consumer's step.
-    trailing = prefetch + 3
-    self._kept = 1 + -(-trailing // checkpoint_every) if checkpoint_every else 1
+    # How far the consumer can trail the producer: the batches read ahead, a short batch's
+    # look-ahead.
+    self._trailing = prefetch + 3
     self._lock = threading.Lock()
     self._pending: tuple[int, Any, int] | None = None  # (epoch, iterator, position) ready to use
+    self._live: list | None = None  # [epoch, iterator, batches read] of the one being read
+    self._reading = threading.Lock()  # held by the producer while it reads or snapshots
     self._retired: Any = None  # the last finished iterator, deleted when the next one finishes
-    self._snapshots: dict[int, list[tuple[int, str]]] = {}  # epoch -> [(position, state)]
+    self._snapshots: dict[int, list[_Snapshot]] = {}  # epoch -> by position
     self._snapshot_error: str | None = None
+    self._snapshot_s = 0.0  # how long the latest snapshot took
     self._user_dataset = user_dataset
     self._fingerprint: str | None = None  # of the user's pipeline, made when a state needs it
+    self._ops: set[str] | None = None  # the pipeline's op types, found when a state needs them
+    self._made = 0  # iterators made from the dataset
+    self._first_epoch: int | None = None  # the epoch of the unsnapshotted first iterator
 
   def count(self) -> float | None:
     return self._count
@@ -320,19 +384,30 @@ class TFDataSource(Source):
   def batches(self, epoch: int, start: int) -> Iterator[Flat]:
     iterator, position = self._iterator(epoch)
     try:
-      while position < start:
+      while position < start:  # from the restored snapshot to the saved step: a bounded replay
         if next(iterator, None) is None:
           raise past_the_end(start, position, "batches")
         position += 1
-      every = self._checkpoint_every
       read = self._reader.bind(iterator) if self._reader else _read_with_next(iterator)
-      while (batch := read()) is not None:
+      due = position + 1  # then as their cost allows
+      reads, read_s = 0, 0.0
+      live = self._live = [epoch, iterator, position]  # and the batches read from it
+      while True:
+        with self._reading:  # record() may snapshot `iterator` between reads
+          if position >= due:
+            self._snapshot(epoch, position, iterator)
+            due = self._next_snapshot(position, read_s / max(reads, 1))
+          began = time.perf_counter()
+          batch = read()
+          read_s += time.perf_counter() - began
+          if batch is None:
+            break
+          live[2] = position + 1
+        reads += 1
         yield batch
         position += 1
-        if every and position % every == 0:
-          self._snapshot(epoch, position, iterator)
-      # The next epoch's iterator is made (and snapshotted) now, so that a state taken at the
-      # epoch boundary replays that epoch's shuffle order.
+      # The next epoch's iterator (and its first snapshot) is made now, while the consumer still
+      # has batches of this epoch to work on.
       self._prepare(epoch + 1)
     finally:
       # Deleting a tf.data iterator just after it ends can hold the GIL for ~0.3 s while its
@@ -340,7 +415,10 @@ class TFDataSource(Source):
       self._retired = iterator
 
   def _iterator(self, epoch: int) -> tuple[Any, int]:
-    self._prepare(epoch)
+    # The loader's first iterator is made on the way to the first batch: not snapshotted then, as
+    # a restore can remake its first snapshot (see load()).
+    self._prepare(epoch, snapshot=self._made > 0)
+    self._live = None
     with self._lock:
       _, iterator, position = self._pending
       self._pending = None
@@ -348,46 +426,125 @@ class TFDataSource(Source):
         del self._snapshots[old]
     return iterator, position
 
-  def _prepare(self, epoch: int) -> None:
+  def _prepare(self, epoch: int, snapshot: bool = True) -> None:
     with self._lock:
       if self._pending is not None and self._pending[0] == epoch:
         return
     iterator = iter(self._dataset)
-    self._snapshot(epoch, 0, iterator)
+    self._made += 1
+    if snapshot:
+      # Before it reads anything, its snapshot holds no elements; restored last, it sets the
+      # shuffle seed generators right (see load()). It costs ~10 µs per slot of a shuffle buffer.
+      self._snapshot(epoch, 0, iterator)
+    elif self._made == 1:
+      self._first_epoch = epoch
     with self._lock:
       self._pending = (epoch, iterator, 0)
 
   def _snapshot(self, epoch: int, position: int, iterator: Any) -> None:
+    """Snapshots `iterator`, about to read batch `position`, timing it in `_snapshot_s`."""
+    if self._snapshot_error is not None:
+      return
+    began = time.perf_counter()
     try:
-      state = _tf_compat.save_iterator(iterator)
-    except Exception as error:  # pylint: disable=broad-except
+      variant = _tf_compat.snapshot_iterator(iterator)
+    except Exception as error:  # pylint: disable=broad-except  # reported by record()
       self._snapshot_error = f"{type(error).__name__}: {error}".strip()
       return
+    self._snapshot_s = time.perf_counter() - began
     with self._lock:
       kept = self._snapshots.setdefault(epoch, [])
-      kept.append((position, state))
-      del kept[1:-self._kept]  # the epoch-start snapshot stays: load() needs it
+      if kept and kept[-1].position == position:
+        return  # taken by record() already
+      kept.append(_Snapshot(position, variant))
+      # The epoch's first snapshot stays (see load()); of the others, the consumer is past
+      # kept[1] once it is past kept[2].
+      while len(kept) > 2 and kept[2].position <= position - self._trailing:
+        del kept[1]
+
+  def _next_snapshot(self, position: int, batch_s: float) -> float:
+    """Where the snapshot after one at `position` is due, reading a batch taking `batch_s`."""
+    if self._snapshot_error is not None:
+      return math.inf
+    if self._checkpoint_every:
+      return (position // self._checkpoint_every + 1) * self._checkpoint_every
+    return position + (max(1, math.ceil(self._snapshot_s / (_SNAPSHOT_BUDGET * batch_s)))
+                       if batch_s else 1)
 
   def record(self, epoch: int, step: int) -> Any:
+    fail = self._tf.data.experimental.ExternalStatePolicy.FAIL
+    if self._policy not in (None, fail) and "GeneratorDataset" in self.ops():
+      raise NotResumableError(self._not_resumable())  # its snapshots would restart the generator
     with self._lock:
-      known = epoch in self._snapshots or (self._pending is not None and self._pending[0] == epoch)
-    if not known:
-      self._prepare(epoch)
-    with self._lock:
-      usable = [(pos, state) for pos, state in self._snapshots.get(epoch, ()) if pos <= step]
+      known = any(made is not None and made[0] == epoch for made in (self._pending, self._live))
+    if not known and epoch not in self._snapshots:
+      self._prepare(epoch)  # an epoch not started yet
+    with self._reading, self._lock:
+      kept = self._snapshots.setdefault(epoch, [])
+      for live in (self._pending, self._live):
+        # An iterator that has read exactly the consumer's batches (not read yet, or read by a
+        # consumer that waits on data): snapshotted now, exactly, while the producer waits.
+        if (live is not None and live[0] == epoch and live[2] == step
+            and self._snapshot_error is None and all(s.position != step for s in kept)):
+          try:
+            kept.append(_Snapshot(step, _tf_compat.snapshot_iterator(live[1])))
+          except Exception as error:  # pylint: disable=broad-except
+            self._snapshot_error = f"{type(error).__name__}: {error}".strip()
+          kept.sort(key=lambda s: s.position)
+          break
+      usable = [s for s in kept if s.position <= step]
     if not usable:
-      raise NotResumableError(
-          "jaxport.data: tf.data could not checkpoint this pipeline's iterator"
-          + (f" ({self._snapshot_error})" if self._snapshot_error else "") + ". Pipelines with "
-          "external state (Dataset.from_generator, py_function, ...) cannot be serialized; if that "
-          "state does not change the order of elements, set options.experimental_external_state_"
-          "policy = tf.data.experimental.ExternalStatePolicy.IGNORE on the dataset, and the loader "
-          "replays by count from the epoch start.")
-    position, state = max(usable)
-    record = {"position": position, "iterator": state, "pipeline": self.fingerprint()}
-    if position:
-      record["epoch_start"] = usable[0][1]
+      raise NotResumableError(self._not_resumable())
+    latest = max(usable, key=lambda s: s.position)
+    record = {"position": latest.position, "iterator": self._encoded(latest),
+              "encoding": _tf_compat.COMPACT, "pipeline": self.fingerprint()}
+    if usable[0].position <= 0 and latest is not usable[0]:
+      record["epoch_start"] = self._encoded(usable[0])
+    elif usable[0].position > 0 and epoch == self._first_epoch:
+      record["first"] = True  # the epoch's iterator was the dataset's first, not snapshotted
     return record
+
+  def _encoded(self, snapshot: _Snapshot) -> str:
+    if snapshot.encoded is None:
+      snapshot.encoded = _tf_compat.encode_snapshot(self._tf, snapshot.variant)
+      snapshot.variant = None
+    return snapshot.encoded
+
+  def ops(self) -> set[str]:
+    """The op types of the user's pipeline (`_tf_compat.pipeline_ops`), found once."""
+    if self._ops is None:
+      self._ops = _tf_compat.pipeline_ops(self._tf, self._user_dataset)
+    return self._ops
+
+  def _not_resumable(self) -> str:
+    """Why `state()` cannot resume this pipeline, and the way out that fits its cause."""
+    error = self._snapshot_error or ""
+    stateful = re.search(r"(\w+) is stateful", error)
+    op = stateful.group(1) if stateful else ""
+    head = ("jaxport.data: tf.data cannot checkpoint this pipeline's iterator"
+            + (f" ({error.splitlines()[0][:300]})" if error else "") + ", so the loader cannot "
+            "resume it. ")
+    if "GeneratorDataset" in self.ops():
+      return head + (
+          "Dataset.from_generator keeps its position in a Python generator, which tf.data does "
+          "not save (ExternalStatePolicy.IGNORE only leaves it out: the resumed generator would "
+          "start over). Pass the data to jaxport.data.loader as a re-iterable Python source "
+          "instead (an object whose __iter__ returns a fresh generator in the same order; it "
+          "resumes by replaying), or build the pipeline from Dataset.from_tensor_slices, range "
+          "or TFRecordDataset.")
+    if op in _PY_FUNCTIONS:
+      return head + (
+          "If the Python function (tf.py_function / tf.numpy_function) is pure, its output "
+          "depending on its input only, set options.experimental_external_state_policy = "
+          "tf.data.experimental.ExternalStatePolicy.IGNORE on the dataset: the pipeline's "
+          "position is saved and only the function's (unused) state is left out. A Python "
+          "function that draws random numbers or reads changing state cannot be resumed.")
+    if op.startswith(("Random", "Stateful", "TruncatedNormal", "Multinomial")):
+      return head + (
+          f"{op} draws from a random generator whose state is not saved. Use stateless random "
+          "ops keyed by (seed, epoch, index), e.g. tf.random.stateless_uniform / "
+          "tf.image.stateless_random_* (see jaxport.data.example_keys).")
+    return head + "Remove the stateful op it names from the pipeline, or make it stateless."
 
   def fingerprint(self) -> str:
     """The user's pipeline's fingerprint (`_tf_compat.pipeline_fingerprint`), made once."""
@@ -397,10 +554,11 @@ class TFDataSource(Source):
 
   def _check_record(self, step: int, record: Any) -> None:
     """Checks `record` before any of its bytes reach TF (the loader checked its digest)."""
-    if not isinstance(record, dict) or not {"position", "iterator", "pipeline"} <= set(record) \
-        or not set(record) <= {"position", "iterator", "pipeline", "epoch_start"}:
+    required, optional = {"position", "iterator", "pipeline"}, {"encoding", "epoch_start", "first"}
+    if not isinstance(record, dict) or not required <= set(record) \
+        or not set(record) <= required | optional:
       raise LoaderStateError("source_state", "expected a dict with 'position', 'iterator', "
-                             f"'pipeline' (and 'epoch_start'), found {record!r:.80}.")
+                             f"'pipeline' and 'encoding', found {record!r:.80}.")
     position = record["position"]
     if not is_int(position) or not 0 <= position <= step:
       raise LoaderStateError("source_state.position", f"expected an int in [0, step={step}], "
@@ -409,7 +567,16 @@ class TFDataSource(Source):
       if key in record and not isinstance(record[key], str):
         raise LoaderStateError(f"source_state.{key}", f"expected a string, found "
                                f"{type(record[key]).__name__}.")
-    if ("epoch_start" in record) != (position > 0):
+    if record.get("first", True) is not True:
+      raise LoaderStateError("source_state.first", f"expected True, found {record['first']!r}.")
+    if "first" in record and "epoch_start" in record:
+      raise LoaderStateError("source_state.epoch_start", "not expected with 'first'.")
+    encoding = record.get("encoding")
+    if encoding not in (None, _tf_compat.COMPACT):
+      raise LoaderStateError("source_state.encoding", f"expected {_tf_compat.COMPACT!r}, found "
+                             f"{encoding!r}.")
+    # States of earlier versions (no "encoding") carry the epoch's first snapshot past position 0.
+    if encoding is None and ("epoch_start" in record) != (position > 0):
       raise LoaderStateError("source_state.epoch_start", "present exactly when position > 0.")
     if record["pipeline"] != self.fingerprint():
       raise LoaderStateError(
@@ -420,25 +587,42 @@ class TFDataSource(Source):
 
   def load(self, epoch: int, step: int, record: Any) -> None:
     self._check_record(step, record)
-    iterator = self._restored(record["iterator"])
-    position = record["position"]
-    snapshots = [(position, record["iterator"])]
+    encoding, position = record.get("encoding"), record["position"]
+    # A snapshot taken late in an epoch (once read-ahead drained a shuffle buffer) can leave the
+    # shuffle seed generators, which a dataset's iterators share, off from where an uninterrupted run
+    # has them; restoring a snapshot of the epoch's iterator made before it read anything, last,
+    # puts them back, so that later epochs reshuffle as they would have. For the loader's first
+    # iterator (not snapshotted then) it is remade here, from this dataset's first iterator.
+    first = None
+    if record.get("first") and self._made == 0:
+      first = iter(self._dataset)
+      self._made += 1
+      snapshot_of_first = _tf_compat.snapshot_iterator(first)
+    iterator = self._restored(record["iterator"], encoding, "iterator", first)
+    snapshots = [_Snapshot(position, encoded=record["iterator"])]
     if "epoch_start" in record:
-      # Restoring a mid-epoch snapshot does not always leave the shuffle seed generators (shared by
-      # a dataset's iterators) where an uninterrupted run would; restoring the epoch-start one
-      # last does, so that later epochs reshuffle as they would have.
-      self._restored(record["epoch_start"])
-      snapshots.insert(0, (0, record["epoch_start"]))
+      start = self._restored(record["epoch_start"], encoding, "epoch_start")
+      snapshots.insert(0, _Snapshot(-1, encoded=record["epoch_start"]))  # kept as the first
+      if encoding is None:  # an earlier version's snapshots, encoded afresh
+        snapshots[0] = _Snapshot(-1, _tf_compat.snapshot_iterator(start))
+    elif first is not None:
+      _tf_compat.restore_snapshot(iter(self._dataset), snapshot_of_first)
+      self._made += 1
+      snapshots.insert(0, _Snapshot(-1, snapshot_of_first))
+    if encoding is None:
+      snapshots[-1] = _Snapshot(position, _tf_compat.snapshot_iterator(iterator))
     with self._lock:
-      self._pending = (epoch, iterator, position)
+      self._pending, self._live = (epoch, iterator, position), None
       self._snapshots = {epoch: snapshots}
 
-  def _restored(self, state: str) -> Any:
-    iterator = iter(self._dataset)
+  def _restored(self, state: str, encoding: str | None, field: str, iterator: Any = None) -> Any:
+    if iterator is None:
+      iterator = iter(self._dataset)
+      self._made += 1
     try:
-      _tf_compat.restore_iterator(self._tf, iterator, state)
+      _tf_compat.restore_iterator(self._tf, iterator, state, encoding)
     except Exception as error:
-      raise LoaderStateError("source_state.iterator", "the saved tf.data iterator does not fit "
+      raise LoaderStateError(f"source_state.{field}", "the saved tf.data iterator does not fit "
                              "this dataset; restore into a loader over the same pipeline.") \
           from error
     return iterator

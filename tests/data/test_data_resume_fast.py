@@ -1,0 +1,214 @@
+"""Resuming tf.data pipelines without replaying the epoch (issue 13): exact at any step, later
+epochs' reshuffles included; the state's position tracks the consumer's step; small states; the
+fixes NotResumableError suggests work."""
+import itertools
+import json
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from data_support import assert_batches_equal, host
+import jaxport.data
+from jaxport.data import NotResumableError
+
+EPOCHS = 3
+IGNORE = tf.data.experimental.ExternalStatePolicy.IGNORE
+
+
+def typical(n=40, buffer=16):
+  """range -> shuffle -> map -> (the loader batches: 10 batches of 4) -> prefetch."""
+  return (tf.data.Dataset.range(n).shuffle(buffer, seed=3)
+          .map(lambda i: {"id": tf.cast(i, tf.int32), "x": tf.fill([3], tf.cast(i, tf.float32))}))
+
+
+def interleaved():
+  """Parallel interleave of per-file ranges, shuffled: 10 batches of 4 per epoch."""
+  files = tf.data.Dataset.range(8)
+  return (files.interleave(lambda f: tf.data.Dataset.range(f * 10, f * 10 + 5),
+                           cycle_length=3, num_parallel_calls=2, deterministic=True)
+          .shuffle(12, seed=4).map(lambda i: {"id": tf.cast(i, tf.int32)}))
+
+
+def run(loader, count, working=False):
+  """The next `count` batches over epoch boundaries; a `working` consumer lets the prefetch thread
+  read ahead (as a training step does), so that states come from earlier snapshots."""
+  out, empty = [], 0
+  while len(out) < count and empty < 2:  # an epoch resumed at its end is empty; two: the end
+    empty += 1
+    for batch in loader:
+      empty = 0
+      out.append(host(batch))
+      if working:
+        time.sleep(0.002)
+      if len(out) == count:
+        break
+  return out
+
+
+@pytest.fixture(scope="module")
+def uninterrupted():
+  return {name: run(jaxport.data.loader(make(), batch_size=4, prefetch=0), 10 * EPOCHS)
+          for name, make in (("typical", typical), ("interleaved", interleaved))}
+
+
+@pytest.mark.parametrize("name, make, stops", [
+    ("typical", typical, [3, 9, 10, 11, 24]),  # mid-epoch, last batch, epoch boundary, epoch 2
+    ("interleaved", interleaved, [5, 10, 17]),
+])
+def test_resume_is_exact_anywhere(uninterrupted, name, make, stops):
+  expected = uninterrupted[name]
+  for stop in stops:
+    first = jaxport.data.loader(make(), batch_size=4, prefetch=2)
+    received = run(first, stop, working=True)
+    state = json.loads(json.dumps(first.state()))
+    first.close()
+    assert 0 <= state["source_state"]["position"] <= state["step"]
+    resumed = jaxport.data.loader(make(), batch_size=4, prefetch=2, state=state)
+    received += run(resumed, 10 * EPOCHS - stop)
+    assert_batches_equal(received, expected)
+
+
+def test_restore_does_not_replay_the_epoch():
+  pulled = []
+
+  def note(i):
+    pulled.append(int(i))
+    return i
+
+  def counted():  # a pure py_function: IGNORE leaves out only its (absent) state
+    options = tf.data.Options()
+    options.experimental_external_state_policy = IGNORE
+    return (tf.data.Dataset.range(400).map(lambda i: tf.py_function(note, [i], tf.int64))
+            .shuffle(8, seed=1).with_options(options))
+
+  first = jaxport.data.loader(counted(), batch_size=4, prefetch=0)
+  received = run(first, 90)
+  state = first.state()
+  # Nothing read ahead (prefetch=0 and a consumer waiting): snapshotted at the step itself.
+  assert state["source_state"]["position"] == state["step"] == 90
+  rest = run(first, 10)
+  pulled.clear()
+  resumed = jaxport.data.loader(counted(), batch_size=4, prefetch=0, state=state)
+  assert_batches_equal(run(resumed, 10), rest)
+  # The 90 batches before the step (360 elements) are not read again: the shuffle buffer and the
+  # input's position come from the snapshot; only the next 10 batches (+ tf.data's read-ahead).
+  assert len(pulled) < 40 + 40 and all(i >= 360 for i in pulled), sorted(pulled)[:5]
+  assert sorted(np.concatenate([b for b in received + rest]).tolist()) == list(range(400))
+
+
+def test_checkpoint_every_bounds_the_distance_to_the_step():
+  loader = jaxport.data.loader(typical(200), batch_size=4, prefetch=3, checkpoint_every=1)
+  for stop in (7, 31):
+    run(loader, stop - loader.step, working=True)
+    state = loader.state()
+    # The snapshot before the consumer's step (the producer read up to 3 + 1 batches ahead).
+    assert state["source_state"]["position"] == state["step"] == stop
+
+
+def test_typical_state_is_tens_of_kb():
+  pipeline = (tf.data.Dataset.range(100_000).shuffle(1000, seed=2)
+              .map(lambda i: (tf.cast(i, tf.float32) * 2, i % 10)).batch(32).prefetch(2))
+  loader = jaxport.data.loader(pipeline)
+  run(loader, 40, working=True)
+  size = len(json.dumps(loader.state()))
+  loader.close()
+  # The 1000-element shuffle buffer (and the epoch's first snapshot) compressed; 239 KB before.
+  assert size < 40_000, size
+
+
+# The fixes NotResumableError suggests -----------------------------------------------------------
+
+
+def test_from_generator_hint_a_reiterable_python_source_resumes():
+  def generate():
+    yield from range(10)
+
+  dataset = tf.data.Dataset.from_generator(generate, output_signature=tf.TensorSpec((), tf.int64))
+  loader = jaxport.data.loader(dataset, batch_size=2)
+  next(loader)
+  with pytest.raises(NotResumableError, match="re-iterable Python source"):
+    loader.state()
+
+  class Reiterable:  # the fix: a fresh generator per epoch, in the same order
+    def __iter__(self):
+      return (np.int64(i) for i in generate())
+
+  first = jaxport.data.loader(Reiterable(), batch_size=2)
+  head = run(first, 2)
+  resumed = jaxport.data.loader(Reiterable(), batch_size=2, state=first.state())
+  assert [np.asarray(b).tolist() for b in head + run(resumed, 3)] == [[0, 1], [2, 3], [4, 5],
+                                                                      [6, 7], [8, 9]]
+
+
+def test_py_function_hint_ignore_resumes_a_pure_function():
+  pure = lambda: tf.data.Dataset.range(12).shuffle(12, seed=1).map(
+      lambda i: tf.py_function(lambda x: x * 3, [i], tf.int64))
+  loader = jaxport.data.loader(pure(), batch_size=3)
+  next(loader)
+  with pytest.raises(NotResumableError, match="ExternalStatePolicy.IGNORE") as raised:
+    loader.state()
+  assert "pure" in str(raised.value)
+  options = tf.data.Options()
+  options.experimental_external_state_policy = IGNORE  # the fix
+  expected = run(jaxport.data.loader(pure().with_options(options), batch_size=3), 8)
+  first = jaxport.data.loader(pure().with_options(options), batch_size=3, prefetch=2)
+  head = run(first, 3, working=True)
+  resumed = jaxport.data.loader(pure().with_options(options), batch_size=3,
+                                state=json.loads(json.dumps(first.state())))
+  assert_batches_equal(head + run(resumed, 5), expected)
+
+
+def test_stateful_random_hint_stateless_ops_keyed_by_index_resume():
+  noisy = tf.data.Dataset.range(12).map(lambda i: tf.cast(i, tf.float32) + tf.random.uniform(()))
+  loader = jaxport.data.loader(noisy, batch_size=3)
+  next(loader)
+  with pytest.raises(NotResumableError, match="stateless_uniform") as raised:
+    loader.state()
+  assert "RandomUniform" in str(raised.value) and "example_keys" in str(raised.value)
+  # The fix: noise keyed by (seed, epoch, index), here from enumerate.
+  keyed = lambda epoch: tf.data.Dataset.range(12).enumerate().map(
+      lambda index, i: tf.cast(i, tf.float32) + tf.random.stateless_uniform(
+          (), seed=tf.stack([tf.constant(7, tf.int64) * 1000 + epoch, index])))
+  expected = run(jaxport.data.loader(keyed(0), batch_size=3), 4)
+  first = jaxport.data.loader(keyed(0), batch_size=3)
+  head = run(first, 2)
+  resumed = jaxport.data.loader(keyed(0), batch_size=3, state=first.state())
+  assert_batches_equal(head + run(resumed, 2), expected)
+
+
+def test_a_restored_state_keeps_its_epoch_start_for_later_states(uninterrupted):
+  # States taken after a restore (from the restored loader) resume exactly too.
+  first = jaxport.data.loader(typical(), batch_size=4, prefetch=2)
+  received = run(first, 4, working=True)
+  middle = jaxport.data.loader(typical(), batch_size=4, prefetch=2, state=first.state())
+  received += run(middle, 5, working=True)
+  state = json.loads(json.dumps(middle.state()))
+  assert "epoch_start" in state["source_state"] or "first" in state["source_state"]
+  last = jaxport.data.loader(typical(), batch_size=4, state=state)
+  received += run(last, 10 * EPOCHS - 9)
+  assert_batches_equal(received, uninterrupted["typical"])
+
+
+def test_unread_epoch_iterators_are_snapshotted_on_demand():
+  loader = jaxport.data.loader(typical(), batch_size=4, prefetch=0)
+  state = loader.state()  # before any batch: the first iterator is made and snapshotted now
+  assert state["source_state"]["position"] == 0 and state["step"] == 0
+  run(loader, 10)
+  list(itertools.islice(loader, 1))  # ends epoch 0
+  boundary = loader.state()
+  assert (boundary["epoch"], boundary["step"], boundary["source_state"]["position"]) == (1, 0, 0)
+
+
+def test_symbolic_checkpointing_set_by_the_user_resumes_exactly():
+  def make():  # no shuffle: symbolic checkpoints leave the map's and prefetch's buffers out
+    options = tf.data.Options()
+    options.experimental_symbolic_checkpoint = True
+    return (tf.data.Dataset.range(30).map(lambda i: i * 2, num_parallel_calls=2)
+            .with_options(options))
+  expected = run(jaxport.data.loader(make(), batch_size=3), 20)
+  first = jaxport.data.loader(make(), batch_size=3, prefetch=2)
+  head = run(first, 13, working=True)
+  resumed = jaxport.data.loader(make(), batch_size=3, state=json.loads(json.dumps(first.state())))
+  assert_batches_equal(head + run(resumed, 7), expected)
