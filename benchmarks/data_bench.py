@@ -302,11 +302,11 @@ def _service_role(argv: list[str]) -> None:
     dispatcher = service.DispatchServer(service.DispatcherConfig(port=0, work_dir=None,
                                                                  fault_tolerant_mode=False))
     address = dispatcher.target.split("://")[1]
-    kept = [service.WorkerServer(service.WorkerConfig(dispatcher_address=address))
+    workers = [service.WorkerServer(service.WorkerConfig(dispatcher_address=address))
             for _ in range(2)]
     print(dispatcher.target, flush=True)
     sys.stdin.read()
-    del kept
+    del workers  # kept alive until stdin closes
     return
   index, processes, port, target, job, examples = argv[1:]
   index, processes, examples = int(index), int(processes), int(examples)

@@ -45,6 +45,11 @@ class ConvertedFunction:
   a string mode, `None`) that differs from the traced value retraces the TF function
   for that value, as `jax.jit` does for static arguments (a function restored from a
   SavedModel signature cannot retrace: it raises `StaticArgumentError`).
+
+  Call forms (same arguments, same outputs): `f(...)` returns every param, changed or not
+  (tf2jax's form; under `jax.jit` each unchanged param is copied unless params are donated);
+  `f.with_changed_params(...)` returns `(outputs, changed)`, only the params the call assigned;
+  `f.outputs_only(...)` returns the outputs alone. `f.returning(form)` picks one by name.
   """
 
   def __init__(self, graph: GraphFunction, library: Library, *, signature: Signature, input_structure,
@@ -68,9 +73,31 @@ class ConvertedFunction:
     self.__name__ = name
 
   def __call__(self, params, *args, rng=None, **kwargs):
+    """`(outputs, new_params)`: every param, the assigned ones updated."""
+    return self._run("all", params, args, kwargs, rng)
+
+  def with_changed_params(self, params, *args, rng=None, **kwargs):
+    """`(outputs, changed)`: only the params this call assigned, in `param_keys` order, so
+    `params = {**params, **changed}` updates them. Inference graphs return `{}`; a loop or conditional
+    that assigns a variable carries every param through it, and those all count as changed."""
+    return self._run("changed", params, args, kwargs, rng)
+
+  def outputs_only(self, params, *args, rng=None, **kwargs):
+    """The outputs alone; variable updates are dropped (use `with_changed_params` to keep them)."""
+    return self._run("outputs", params, args, kwargs, rng)
+
+  def returning(self, form: str) -> Callable:
+    """The call form named `form`: "all" (`self`), "changed" or "outputs"."""
+    forms = {"all": self, "changed": self.with_changed_params, "outputs": self.outputs_only}
+    if form not in forms:
+      raise UnsupportedValueError(f"call form {form!r} is not one of {sorted(forms)}; pick \"all\" for "
+                                  "(outputs, new_params), \"changed\" for (outputs, changed) or \"outputs\".")
+    return forms[form]
+
+  def _run(self, form: str, params, args, kwargs, rng):
     mismatches = self._signature.static_mismatches(args, kwargs)
     if mismatches:
-      return self._variant(args, kwargs, mismatches)(params, *args, rng=rng, **kwargs)
+      return self._variant(args, kwargs, mismatches)._run(form, params, args, kwargs, rng)
     # Read at the call, as tf2jax does, and at conversion: off at either skips the shape check, on at
     # either makes dtypes strict.
     strict_shape = self._config["strict_shape_check"] and _config.get_config("strict_shape_check")
@@ -91,6 +118,10 @@ class ConvertedFunction:
     outs = run_function(self._graph, inputs + list(self._captures), runtime)
     leaves = [leaf[1] if isinstance(leaf, tuple) else self._output_array(outs, leaf) for leaf in self._output_leaves]
     outputs = tree.unflatten_as(self._output_structure, leaves)
+    if form == "outputs":
+      return outputs
+    if form == "changed":   # an assign leaves a new array in the state; a read leaves the same one
+      return outputs, {k: v for k, v in runtime.state.items() if new_params.get(k) is not v}
     new_params.update(runtime.state)
     return outputs, new_params
 

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxport.convert.ops import conv_lowering
 from jaxport.convert.ops._util import static_ints
 from jaxport.convert.registry import register
 
@@ -76,6 +77,10 @@ def _conv(x, w, spec: _ConvSpec):
   pads = spec.pads(spatial_shape, w.shape[:-2])
   if groups == 1 and all(k == 1 for k in w.shape[:-2]) and all(p == (0, 0) for p in pads):
     return _pointwise_conv(x, w, spec)
+  if groups == 1 and (cpu_lowering := conv_lowering.choose_cpu_lowering(x, w, spec)) is not None:
+    # Dense 2-D convs as GEMMs/Winograd on CPU (see conv_lowering), XLA's conv elsewhere (cuDNN).
+    return lax.platform_dependent(jnp.asarray(x), jnp.asarray(w), cpu=functools.partial(cpu_lowering, spec=spec),
+                                  default=functools.partial(conv_lowering.conv_xla, spec=spec))
   return lax.conv_general_dilated(
       jnp.asarray(x), jnp.asarray(w), window_strides=spec.strides, padding=pads,
       rhs_dilation=spec.dilations, dimension_numbers=spec.dimension_numbers(), feature_group_count=groups)
@@ -157,20 +162,30 @@ def _depthwise_shifted(x, w, spec: _ConvSpec):
   *window, channels, multiplier = w.shape
   spatial_shape = x.shape[1:-1]
   pads = spec.pads(spatial_shape, window)
-  x = jnp.pad(x, [(0, 0), *pads, (0, 0)])
+  # Materialise the padded input once: fused into the k*k slices below, XLA:CPU would re-evaluate
+  # the pad's bounds checks and the producer's ops (BatchNorm, ReLU) in every tap, which costs 4-16x
+  # run time and 5x compile time on 5x5/7x7 kernels (NASNet).
+  x = lax.optimization_barrier(jnp.pad(x, [(0, 0), *pads, (0, 0)]))
   out_sizes = [(n + lo + hi - (k - 1) * d - 1) // s + 1
                for n, (lo, hi), k, d, s in zip(spatial_shape, pads, window, spec.dilations, spec.strides)]
   acc_dtype = jnp.float32 if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize < 4 else x.dtype
   w = w.astype(acc_dtype).reshape(*window, channels * multiplier)
   if multiplier > 1:
     x = jnp.repeat(x, multiplier, axis=-1)
+  taps = list(itertools.product(*(range(k) for k in window)))
+  out_shape = (x.shape[0], *out_sizes, x.shape[-1])
+  # Four lax ops per tap (no jnp indexing or promotion): tracing stays cheap for models with
+  # hundreds of 5x5/7x7 depthwise convs (NASNet).
+  rows = lax.split(jnp.reshape(w, (len(taps), -1)), [1] * len(taps), axis=0)
   out = None
-  for tap in itertools.product(*(range(k) for k in window)):
+  for tap, row in zip(taps, rows):
     starts = [t * d for t, d in zip(tap, spec.dilations)]
     limits = [st + (o - 1) * s + 1 for st, o, s in zip(starts, out_sizes, spec.strides)]
     patch = lax.slice(x, (0, *starts, 0), (x.shape[0], *limits, x.shape[-1]), (1, *spec.strides, 1))
-    term = patch.astype(acc_dtype) * w[tap]
-    out = term if out is None else out + term
+    if patch.dtype != acc_dtype:
+      patch = lax.convert_element_type(patch, acc_dtype)
+    term = lax.mul(patch, lax.broadcast_in_dim(row, out_shape, (0, x.ndim - 1)))
+    out = term if out is None else lax.add(out, term)
   out = out.astype(x.dtype)
   return jnp.transpose(out, np.argsort(to_last)) if to_last != list(range(x.ndim)) else out
 
@@ -220,11 +235,17 @@ def _max_pool(x, window, strides, pads):
 
 
 def _valid_counts(shape, window, strides, pads) -> np.ndarray:
-  """How many unpadded elements each pooling window covers (TF's SAME average divides by this)."""
+  """How many unpadded elements each pooling window covers (TF's SAME average divides by this).
+
+  Dims where every window covers the same count (batch, channels, unpadded dims) have size 1, so
+  the constant embedded in the HLO is (1, H, W, 1) rather than the whole output's shape.
+  """
   counts = np.ones((), np.int64)
   for n, k, s, (lo, hi) in zip(shape, window, strides, pads):
     starts = np.arange((n + lo + hi - k) // s + 1) * s - lo
     per_dim = np.minimum(starts + k, n) - np.maximum(starts, 0)
+    if per_dim.size and np.all(per_dim == per_dim[0]):   # size 1: a small constant broadcasts
+      per_dim = per_dim[:1]
     counts = np.multiply.outer(counts, per_dim)
   return counts
 

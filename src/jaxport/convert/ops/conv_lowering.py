@@ -1,0 +1,197 @@
+"""Dense 2-D convolution lowerings for XLA:CPU, where dots run far faster than `conv_general_dilated`.
+
+Each lowering is a pure function `(x, w, spec) -> y` with TF's Conv2D semantics (filter
+[kh, kw, in, out], groups=1); `spec` is `nn._ConvSpec` (data_format, spatial axes, channel axis,
+strides, dilations, `pads(spatial_shape, window)`). They work in NHWC internally.
+
+  * `conv_shifted_gemm`: the sum over kernel taps of a strided input slice times that tap's
+    [in, out] matrix -- one GEMM per tap, no 9x patch buffer. Any stride and dilation.
+  * `conv_im2col`: the taps' slices concatenated along channels, then one GEMM.
+  * `conv_winograd`: Winograd F(m x m, 3 x 3) for stride-1, undilated 3x3 convs (m = 2 or 4):
+    input tile transform, one batched GEMM over the (m+2)^2 transformed positions, output
+    transform. F(4,3) uses Lavin & Gray's points (0, +-1, +-2, inf).
+
+`choose_cpu_lowering` picks one per shape from benchmarks/conv_lowering_bench.py's measurements.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+Array = Any
+
+# Winograd transforms: y = A^T [(G g G^T) * (B^T d B)] A.
+_WINOGRAD = {
+    2: dict(
+        BT=np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64),
+        G=np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]], np.float64),
+        AT=np.array([[1, 1, 1, 0], [0, 1, -1, -1]], np.float64)),
+    4: dict(
+        BT=np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
+                     [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], np.float64),
+        G=np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+                    [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]], np.float64),
+        AT=np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0],
+                     [0, 1, -1, 8, -8, 1]], np.float64)),
+}
+
+
+# --------------------------------------------------------------------------- layout
+
+
+def _to_nhwc(x: Array, spec) -> Array:
+  return jnp.transpose(x, (0, 2, 3, 1)) if spec.data_format == "NCHW" else x
+
+
+def _from_nhwc(y: Array, spec) -> Array:
+  return jnp.transpose(y, (0, 3, 1, 2)) if spec.data_format == "NCHW" else y
+
+
+def _padded_nhwc(x: Array, w: Array, spec) -> tuple[Array, list[int]]:
+  """The NHWC input with TF's padding applied, and the output's spatial sizes."""
+  x = _to_nhwc(jnp.asarray(x), spec)
+  window = w.shape[:2]
+  pads = spec.pads(x.shape[1:3], window)
+  x = jnp.pad(x, [(0, 0), *pads, (0, 0)])
+  out = [(n - (k - 1) * d - 1) // s + 1
+         for n, k, d, s in zip(x.shape[1:3], window, spec.dilations, spec.strides)]
+  return x, out
+
+
+def _tap_slices(x: Array, window, out_sizes, spec):
+  """(tap, strided slice of the padded input that tap multiplies), for each kernel tap."""
+  for tap in itertools.product(*(range(k) for k in window)):
+    starts = [t * d for t, d in zip(tap, spec.dilations)]
+    limits = [st + (o - 1) * s + 1 for st, o, s in zip(starts, out_sizes, spec.strides)]
+    yield tap, lax.slice(x, (0, *starts, 0), (x.shape[0], *limits, x.shape[-1]), (1, *spec.strides, 1))
+
+
+def _matmul(a: Array, b: Array) -> Array:
+  """[..., k] @ [k, n], accumulating in the inputs' precision like TF's conv."""
+  return lax.dot_general(a, b, (([a.ndim - 1], [0]), ([], [])))
+
+
+# --------------------------------------------------------------------------- lowerings
+
+
+def conv_shifted_gemm(x: Array, w: Array, spec) -> Array:
+  """Sum over kernel taps of (strided input slice) @ w[tap]."""
+  w = jnp.asarray(w)
+  x, out_sizes = _padded_nhwc(x, w, spec)
+  out = None
+  for tap, patch in _tap_slices(x, w.shape[:2], out_sizes, spec):
+    term = _matmul(patch, w[tap])
+    out = term if out is None else out + term
+  return _from_nhwc(out, spec)
+
+
+def conv_im2col(x: Array, w: Array, spec) -> Array:
+  """Patches (taps concatenated along channels, tap-major like w's reshape) @ w as one GEMM."""
+  w = jnp.asarray(w)
+  x, out_sizes = _padded_nhwc(x, w, spec)
+  patches = jnp.concatenate([p for _, p in _tap_slices(x, w.shape[:2], out_sizes, spec)], axis=-1)
+  return _from_nhwc(_matmul(patches, w.reshape(-1, w.shape[-1])), spec)
+
+
+def _combine(rows, matrix):
+  """[sum_j matrix[i, j] * rows[j] for i]: a small constant matrix applied to a list of arrays."""
+  out = []
+  for coeffs in matrix:
+    acc = None
+    for c, r in zip(coeffs, rows):
+      if c == 0:
+        continue
+      term = r if c == 1 else -r if c == -1 else r * np.asarray(c, r.dtype)
+      acc = term if acc is None else acc + term
+    out.append(acc)
+  return out
+
+
+def winograd_filter(w: Array, m: int) -> Array:
+  """G g G^T for each (in, out) pair: [kh, kw, in, out] -> [(m+2)^2, in, out]."""
+  g = _WINOGRAD[m]["G"]
+  w = jnp.asarray(w)
+  rows = _combine(list(w), g)  # (m+2) x [3, in, out]
+  u = [_combine([r[j] for j in range(3)], g) for r in rows]
+  return jnp.stack([t for row in u for t in row])
+
+
+def conv_winograd(x: Array, w: Array, spec, m: int = 2) -> Array:
+  """Winograd F(m x m, 3 x 3); stride 1, dilation 1, 3x3 filter."""
+  w = jnp.asarray(w)
+  assert w.shape[:2] == (3, 3) and list(spec.strides) == [1, 1] and list(spec.dilations) == [1, 1]
+  t = m + 2
+  bt, at = _WINOGRAD[m]["BT"], _WINOGRAD[m]["AT"]
+  x, (oh, ow) = _padded_nhwc(x, w, spec)
+  th, tw = -(-oh // m), -(-ow // m)
+  # Pad so every tile is whole: tiles start at multiples of m and span m + 2.
+  x = jnp.pad(x, [(0, 0), (0, th * m + 2 - x.shape[1]), (0, tw * m + 2 - x.shape[2]), (0, 0)])
+  n, c = x.shape[0], x.shape[-1]
+
+  def tile_slice(i, j):  # element (i, j) of every tile: [n, th, tw, c]
+    return lax.slice(x, (0, i, j, 0), (n, i + (th - 1) * m + 1, j + (tw - 1) * m + 1, c), (1, m, m, 1))
+
+  # V = B^T d B, separably: rows first, then columns.
+  cols = [_combine([tile_slice(i, j) for i in range(t)], bt) for j in range(t)]  # cols[j][a]
+  v = [_combine([cols[j][a] for j in range(t)], bt) for a in range(t)]  # v[a][b]
+  v = jnp.stack([vb for va in v for vb in va]).reshape(t * t, n * th * tw, c)
+  u = winograd_filter(w, m).astype(v.dtype)
+  prod = lax.dot_general(v, u, (([2], [1]), ([0], [0])))  # [t*t, n*th*tw, out]
+  prod = prod.reshape(t, t, n, th, tw, -1)
+  # Y = A^T M A.
+  rows = _combine([prod[a] for a in range(t)], at)  # rows[p]: [t, n, th, tw, out]
+  y = [_combine([r[b] for b in range(t)], at) for r in rows]  # y[p][q]: [n, th, tw, out]
+  y = jnp.stack([jnp.stack(yp, axis=3) for yp in y], axis=2)  # [n, th, p, tw, q, out]
+  y = y.reshape(n, th * m, tw * m, -1)[:, :oh, :ow]
+  return _from_nhwc(y, spec)
+
+
+def conv_winograd4(x: Array, w: Array, spec) -> Array:
+  return conv_winograd(x, w, spec, m=4)
+
+
+def conv_xla(x: Array, w: Array, spec) -> Array:
+  """The plain XLA convolution, for reference and as the fallback."""
+  x, w = jnp.asarray(x), jnp.asarray(w)
+  pads = spec.pads([x.shape[i] for i in spec.spatial], w.shape[:-2])
+  return lax.conv_general_dilated(x, w, window_strides=spec.strides, padding=pads,
+                                  rhs_dilation=spec.dilations, dimension_numbers=spec.dimension_numbers())
+
+
+LOWERINGS: dict[str, Callable] = {
+    "xla": conv_xla, "shifted": conv_shifted_gemm, "im2col": conv_im2col,
+    "winograd2": conv_winograd, "winograd4": conv_winograd4,
+}
+
+
+# Winograd F(2x2, 3x3) wins (0.55-0.75x XLA's conv CPU time, batch 2) from 64 output tiles and 64
+# input channels up to ~4M input elements; beyond that its transforms are memory-bound and lose.
+_WINOGRAD_MIN_TILES = 64
+_WINOGRAD_MIN_CHANNELS = 64
+_WINOGRAD_MAX_INPUT = 4 * 2**20
+
+
+def choose_cpu_lowering(x: Array, w: Array, spec) -> Callable | None:
+  """The fastest measured lowering for this conv on XLA:CPU, or None to keep `conv_general_dilated`.
+
+  Only float32 stride-1 undilated 3x3 convs change (to `conv_winograd`, m=2): in
+  benchmarks/conv_lowering_bench.py the GEMM lowerings (shifted, im2col) never beat XLA's conv
+  by more than noise, and F(4x4, 3x3) is faster still but 10x less accurate (2e-5 relative at 256
+  channels). x and w may be arrays or `jax.ShapeDtypeStruct`s.
+  """
+  if len(w.shape) != 4 or jnp.dtype(x.dtype) != jnp.float32 or jnp.dtype(w.dtype) != jnp.float32:
+    return None
+  if tuple(w.shape[:2]) != (3, 3) or list(spec.strides) != [1, 1] or list(spec.dilations) != [1, 1]:
+    return None
+  spatial = [x.shape[i] for i in spec.spatial]
+  pads = spec.pads(spatial, (3, 3))
+  out = [n + lo + hi - 2 for n, (lo, hi) in zip(spatial, pads)]
+  tiles = x.shape[0] * (-(-out[0] // 2)) * (-(-out[1] // 2))
+  if (tiles >= _WINOGRAD_MIN_TILES and w.shape[2] >= _WINOGRAD_MIN_CHANNELS
+      and int(np.prod(x.shape)) <= _WINOGRAD_MAX_INPUT):
+    return conv_winograd
+  return None

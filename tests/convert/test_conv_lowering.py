@@ -1,0 +1,149 @@
+"""Conv2D's CPU lowerings (im2col, shifted GEMMs, Winograd) against TF and `lax.conv_general_dilated`."""
+import hypothesis
+import hypothesis.strategies as st
+import jax
+import numpy as np
+import pytest
+import tensorflow as tf
+from jax import lax
+
+from jaxport.convert.ops import conv_lowering as cl
+from jaxport.convert.ops import nn
+from oracle import check
+
+RAW = tf.raw_ops
+GEMM_LOWERINGS = ["shifted", "im2col"]
+WINOGRAD_LOWERINGS = ["winograd2", "winograd4"]
+
+
+def normal(*shape, seed=0):
+  return np.random.RandomState(seed).normal(size=shape).astype(np.float32)
+
+
+def _spec(**attrs):
+  return nn._ConvSpec(lambda name, default=None: attrs.get(name, default), 2)
+
+
+def _lax_conv(x, w, spec):
+  pads = spec.pads([x.shape[i] for i in spec.spatial], w.shape[:2])
+  return lax.conv_general_dilated(x, w, spec.strides, pads, rhs_dilation=spec.dilations,
+                                  dimension_numbers=spec.dimension_numbers(),
+                                  precision=lax.Precision.HIGHEST)
+
+
+@pytest.fixture
+def force(monkeypatch):
+  """Makes Conv2D pick the named lowering on CPU for every shape."""
+  def use(name):
+    monkeypatch.setattr(cl, "choose_cpu_lowering", lambda *_: cl.LOWERINGS[name])
+  return use
+
+
+# --------------------------------------------------------------------------- each lowering vs TF, via Conv2D
+
+CASES = {
+    # name: (x shape, w shape, Conv2D attrs, lowering forced); TF has no NCHW EXPLICIT gradient on CPU.
+    "winograd_same_odd": ((2, 7, 5, 3), (3, 3, 3, 4), dict(strides=[1, 1, 1, 1], padding="SAME"), "winograd2"),
+    "winograd_explicit_batch1": ((1, 6, 9, 2), (3, 3, 2, 3), dict(strides=[1, 1, 1, 1], padding="EXPLICIT",
+                                 explicit_paddings=[0, 0, 2, 0, 1, 3, 0, 0]), "winograd2"),
+    "winograd_valid_nchw": ((2, 3, 6, 5), (3, 3, 3, 2),
+                            dict(strides=[1, 1, 1, 1], padding="VALID", data_format="NCHW"), "winograd2"),
+    "shifted_stride2_even_kernel": ((1, 7, 6, 2), (2, 4, 2, 3), dict(strides=[1, 2, 2, 1], padding="SAME"),
+                                    "shifted"),
+    "im2col_dilated_nchw": ((1, 2, 9, 8), (3, 2, 2, 3), dict(strides=[1, 1, 2, 1], dilations=[1, 1, 2, 3],
+                            padding="SAME", data_format="NCHW"), "im2col"),
+}
+PAIRS = [(case, name) for case, (*_, name) in CASES.items()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case,name", PAIRS)
+def test_lowering_matches_tf(force, case, name):
+  x_shape, w_shape, kw, _ = CASES[case]
+  force(name)
+  x, w = normal(*x_shape), normal(*w_shape, seed=1)
+  jax_fn = check(lambda x, w: RAW.Conv2D(input=x, filter=w, **kw), x, w, atol=1e-4, rtol=1e-4)
+  hlo = jax.jit(lambda a, b: jax_fn({}, a, b)[0]).lower(x, w).as_text()
+  assert "convolution" not in hlo
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["winograd2"])
+def test_backprop_ops_through_lowering(force, name):
+  # Conv2DBackpropInput/Filter transpose `_conv`, so they run the transposed lowering.
+  force(name)
+  kw = dict(strides=[1, 1, 1, 1], padding="SAME")
+  x_shape, w_shape, dy = (2, 5, 6, 3), (3, 3, 3, 4), normal(2, 5, 6, 4, seed=2)
+  check(lambda w, dy: RAW.Conv2DBackpropInput(input_sizes=list(x_shape), filter=w, out_backprop=dy, **kw),
+        normal(*w_shape, seed=1), dy, atol=1e-4, rtol=1e-4, vmap=False)
+  check(lambda x, dy: RAW.Conv2DBackpropFilter(input=x, filter_sizes=list(w_shape), out_backprop=dy, **kw),
+        normal(*x_shape), dy, atol=1e-4, rtol=1e-4, vmap=False)
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def test_dispatch_picks_by_shape():
+  same = lambda s: _spec(strides=[1, s, s, 1], padding="SAME")
+  choose = lambda x, w, spec=same(1), dtype=np.float32: cl.choose_cpu_lowering(
+      jax.ShapeDtypeStruct(x, dtype), jax.ShapeDtypeStruct(w, dtype), spec)
+  assert choose((2, 56, 56, 64), (3, 3, 64, 64)) is cl.conv_winograd
+  assert choose((2, 56, 56, 64), (3, 3, 64, 64), dtype=np.int32) is None
+  assert choose((2, 56, 56, 64), (3, 3, 64, 64), dtype=np.float16) is None
+  assert choose((2, 7, 7, 512), (3, 3, 512, 512)) is not cl.conv_winograd
+  dilated = _spec(strides=[1, 1, 1, 1], dilations=[1, 2, 2, 1], padding="SAME")
+  assert choose((2, 56, 56, 64), (3, 3, 64, 64), dilated) is not cl.conv_winograd
+  assert choose((2, 56, 56, 64), (3, 3, 64, 64, 2), same(1)) is None  # not 2-D
+
+
+@pytest.mark.slow
+def test_dispatch_real_shape_matches_tf():
+  # Big enough to take the Winograd path without forcing it; NCHW; bias and relu around it.
+  x, w = normal(1, 64, 16, 16), normal(3, 3, 64, 8, seed=1) / 20
+  spec = _spec(strides=[1, 1, 1, 1], padding="SAME", data_format="NCHW")
+  assert cl.choose_cpu_lowering(x, w, spec) is cl.conv_winograd
+  fn = lambda x, w: tf.nn.relu(RAW.Conv2D(input=x, filter=w, strides=[1, 1, 1, 1], padding="SAME",
+                                          data_format="NCHW") + 1.0)
+  check(fn, x, w, atol=1e-4, rtol=1e-4)
+
+
+# --------------------------------------------------------------------------- direct, vs lax
+
+
+@pytest.mark.slow
+@hypothesis.settings(max_examples=15, deadline=None)
+@hypothesis.given(
+    name=st.sampled_from(GEMM_LOWERINGS + WINOGRAD_LOWERINGS),
+    n=st.integers(1, 2), h=st.integers(1, 9), w=st.integers(1, 9), cin=st.integers(1, 4),
+    cout=st.integers(1, 4), kh=st.integers(1, 3), kw=st.integers(1, 3), stride=st.integers(1, 2),
+    dilation=st.integers(1, 2), padding=st.sampled_from(["SAME", "VALID"]),
+    nchw=st.booleans())
+def test_lowering_matches_lax(name, n, h, w, cin, cout, kh, kw, stride, dilation, padding, nchw):
+  if name.startswith("winograd"):
+    kh = kw = 3
+    stride = dilation = 1
+  if padding == "VALID" and (h < (kh - 1) * dilation + 1 or w < (kw - 1) * dilation + 1):
+    padding = "SAME"
+  fmt = "NCHW" if nchw else "NHWC"
+  spec = _spec(strides=[1, 1, stride, stride] if nchw else [1, stride, stride, 1], padding=padding,
+               dilations=[1, 1, dilation, dilation] if nchw else [1, dilation, dilation, 1], data_format=fmt)
+  x = normal(n, cin, h, w) if nchw else normal(n, h, w, cin)
+  k = normal(kh, kw, cin, cout, seed=1)
+  expected = _lax_conv(x, k, spec)
+  actual = jax.jit(lambda x, k: cl.LOWERINGS[name](x, k, spec))(x, k)
+  np.testing.assert_allclose(actual, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_winograd4_float32_error_bound():
+  # F(4x4, 3x3)'s transforms amplify rounding; at realistic magnitudes (unit-variance activations,
+  # He-scaled weights, 256 channels) it must stay well inside 1e-4 of the exact result.
+  rs = np.random.RandomState(0)
+  x = rs.normal(size=(1, 12, 12, 256)).astype(np.float32)
+  w = (rs.normal(size=(3, 3, 256, 16)) * np.sqrt(2 / (9 * 256))).astype(np.float32)
+  spec = _spec(strides=[1, 1, 1, 1], padding="SAME")
+  exact = tf.nn.conv2d(x.astype(np.float64), w.astype(np.float64), 1, "SAME").numpy()
+  scale = np.max(np.abs(exact))
+  for name, bound in [("winograd2", 5e-6), ("winograd4", 5e-5)]:
+    actual = jax.jit(lambda x, w: cl.LOWERINGS[name](x, w, spec))(x, w)
+    err = np.max(np.abs(np.asarray(actual, np.float64) - exact)) / scale
+    assert err < bound, (name, err)
