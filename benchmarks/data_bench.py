@@ -483,7 +483,8 @@ def restore_rows(repeats: int, batches: int = 1000, batch: int = 32) -> list[dic
   `state=` -> its first batch on device), and the state's size (`len(json.dumps(state))`), per
   source kind, each `batches` batches of `batch` examples: a tf.data pipeline (range ->
   shuffle(1000) -> map -> batch -> prefetch), a re-iterable Python source (replays by count: the
-  documented last resort) and a shuffled torch DataLoader (replays). Loaders read ahead as by
+  documented last resort) and a shuffled torch DataLoader (replays; or seeks its sampler with
+  torch_resume="seek"). Loaders read ahead as by
   default (prefetch=2). To add a source kind, add an entry to `sources`: its name -> (a factory
   of a fresh source, extra loader arguments)."""
   import jax
@@ -515,6 +516,9 @@ def restore_rows(repeats: int, batches: int = 1000, batch: int = 32) -> list[dic
       "torch DataLoader, shuffled (replays)": (
           lambda: torch.utils.data.DataLoader(pairs, batch_size=batch, shuffle=True,
                                               drop_last=True), {"seed": 1}),
+      "torch DataLoader, shuffled, torch_resume='seek'": (
+          lambda: torch.utils.data.DataLoader(pairs, batch_size=batch, shuffle=True,
+                                              drop_last=True), {"seed": 1, "torch_resume": "seek"}),
   }
 
   def saved(make, kwargs, step: int) -> dict:

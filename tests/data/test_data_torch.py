@@ -125,3 +125,76 @@ def test_shuffled_epochs_differ_and_the_seed_decides_them():
 
   first, again, other = orders(1), orders(1), orders(2)
   assert first == again and first != other and first[0] != first[1]
+
+
+class CountedRecords(Records):
+  """Records that count their reads (in this process: num_workers=0)."""
+
+  def __init__(self, n):
+    super().__init__(n)
+    self.reads = []
+
+  def __getitem__(self, i):
+    self.reads.append(int(i))
+    return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("make", [
+    lambda data: DataLoader(data, batch_size=2, shuffle=True),
+    lambda data: DataLoader(data, batch_size=2, shuffle=True,
+                            generator=torch.Generator().manual_seed(3)),
+    lambda data: DataLoader(data, batch_size=None, shuffle=True),  # the loader batches examples
+], ids=["seeded-by-loader", "user-generator", "examples"])
+@pytest.mark.parametrize("stop", [1, 3, 4, 7])
+def test_seek_resume_reads_nothing_before_the_step_and_equals_replay(make, stop):
+  def run(data, state=None):
+    source = make(data)
+    return jaxport.data.loader(source, seed=11, state=state, last_batch="pad", prefetch=0,
+                               torch_resume="seek",
+                               batch_size=2 if source.batch_size is None else None)
+
+  expected = [host(b) for b in epochs_of(run(CountedRecords(9)), 2)]
+  first = run(CountedRecords(9))
+  received = [host(b) for b in itertools.islice(epochs_of(first, 2), stop)]
+  state = json.loads(json.dumps(first.state()))
+  data = CountedRecords(9)
+  resumed = run(data, state)
+  rest = [host(b) for b in epochs_of(resumed, 2 - state["epoch"])]
+  assert_batches_equal(received + rest, expected)
+  delivered = [i for b in rest for i, valid in zip(ids(b[0] if isinstance(b, tuple) else b),
+                                                    mask_of(b)) if valid]
+  assert sorted(data.reads) == sorted(delivered)   # nothing read before the step
+
+
+def mask_of(batch):
+  mask = batch["mask"] if isinstance(batch, dict) else batch[1]
+  return np.asarray(mask).tolist()
+
+
+@pytest.mark.slow   # spawns worker processes (~15-30 s)
+def test_seek_with_worker_processes_equals_an_uninterrupted_run():
+  def run(state=None):
+    # spawn: forking a process that runs JAX's threads can deadlock.
+    source = DataLoader(TensorDataset(torch.arange(12)), batch_size=2, shuffle=True,
+                        num_workers=2, multiprocessing_context="spawn")
+    return jaxport.data.loader(source, seed=5, state=state, torch_resume="seek")
+
+  expected = [host(b) for b in epochs_of(run(), 2)]
+  first = run()
+  received = [host(b) for b in itertools.islice(epochs_of(first, 2), 4)]
+  resumed = run(json.loads(json.dumps(first.state())))
+  received += [host(b) for b in epochs_of(resumed, 2)]
+  assert_batches_equal(received, expected)
+
+
+def test_seek_is_refused_where_items_cannot_be_skipped_unread():
+  class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+      return iter(range(4))
+
+  with pytest.raises(ValueError, match="map-style dataset.*RandomAccess"):
+    jaxport.data.loader(DataLoader(Stream(), batch_size=2), torch_resume="seek")
+  with pytest.raises(ValueError, match="torch DataLoaders only"):
+    jaxport.data.loader([np.zeros(2)], torch_resume="seek")
+  with pytest.raises(ValueError, match="replay.*seek"):
+    jaxport.data.loader(DataLoader(Records(4), batch_size=2), torch_resume="skip")

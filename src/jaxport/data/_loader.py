@@ -34,7 +34,8 @@ class Loader:
                prefetch: int = 2, dtypes: DtypesSpec = None, last_batch: LastBatch = "drop",
                shard_by_process: bool = True, seed: int | None = None,
                checkpoint_every: int | None = None, progress: bool = False,
-               state: dict | None = None, prefetch_bytes: int | None = DEFAULT_PREFETCH_BYTES):
+               state: dict | None = None, prefetch_bytes: int | None = DEFAULT_PREFETCH_BYTES,
+               torch_resume: str = "replay"):
     if last_batch not in LAST_BATCH_POLICIES:
       raise ValueError(f"jaxport.data: last_batch must be one of {LAST_BATCH_POLICIES}, not "
                        f"{last_batch!r}.")
@@ -63,7 +64,7 @@ class Loader:
     self._source: Source = make_source(
         source, batch_size=local_batch, processes=processes, index=index, shard=shard_by_process,
         drop_remainder=last_batch == "drop", seed=seed, checkpoint_every=checkpoint_every,
-        prefetch=prefetch, prefetch_bytes=prefetch_bytes)
+        prefetch=prefetch, prefetch_bytes=prefetch_bytes, torch_resume=torch_resume)
     self._layout = BatchLayout(size=local_batch)
     self._steps = steps_per_epoch(
         self._source.count(), examples=self._source.examples, local_batch=local_batch,
@@ -185,7 +186,8 @@ class Loader:
 
     Batches already prefetched but not received are produced again after a restore. Cost of
     resuming: Python iterables and DataLoaders replay the epoch's earlier batches (read, not
-    transferred); tf.data restores the latest iterator snapshot at or before the step (taken as
+    transferred; a DataLoader with `torch_resume="seek"` skips their sampler indices instead, loading
+    nothing before the step); random-access and grain sources seek; tf.data restores the latest iterator snapshot at or before the step (taken as
     their cost allows, ~5% of reading time, or every `checkpoint_every` batches) and replays the
     few batches after it: about the same cost anywhere in the epoch. The state holds the
     pipeline's buffers (shuffle and prefetch), compressed.
@@ -300,7 +302,8 @@ def loader(source: Any, *, batch_size: int | None = None, sharding: Any = None, 
            dtypes: DtypesSpec = None, last_batch: LastBatch = "drop", shard_by_process: bool = True,
            seed: int | None = None, checkpoint_every: int | None = None, progress: bool = False,
            state: dict | None = None,
-           prefetch_bytes: int | None = DEFAULT_PREFETCH_BYTES) -> Loader:
+           prefetch_bytes: int | None = DEFAULT_PREFETCH_BYTES,
+           torch_resume: str = "replay") -> Loader:
   """Feeds JAX from a tf.data.Dataset, a torch DataLoader, or any iterable of (nested) arrays.
 
   Args:
@@ -338,8 +341,14 @@ def loader(source: Any, *, batch_size: int | None = None, sharding: Any = None, 
     progress: show a rich progress bar.
     state: a `Loader.state()` to resume from (an invalid, altered or foreign state raises
       `jaxport.errors.LoaderStateError` naming the field).
+    torch_resume: how a torch DataLoader resumes mid-epoch. "replay" (default) re-reads the epoch's
+      earlier batches: exact for any dataset. "seek" (map-style datasets) skips their sampler
+      indices without loading them, so restoring costs the same anywhere in the epoch; exact when
+      an item depends only on its index (random augmentation keyed by
+      `jaxport.data.example_rng(seed, epoch, index)`, not a global or per-worker generator, whose
+      draws seeking skips).
   """
   return Loader(source, batch_size=batch_size, sharding=sharding, prefetch=prefetch, dtypes=dtypes,
                 last_batch=last_batch, shard_by_process=shard_by_process, seed=seed,
                 checkpoint_every=checkpoint_every, progress=progress, state=state,
-                prefetch_bytes=prefetch_bytes)
+                prefetch_bytes=prefetch_bytes, torch_resume=torch_resume)

@@ -61,8 +61,14 @@ class Source:
 
 def make_source(source: Any, *, batch_size: int | None, processes: int, index: int, shard: bool,
                 drop_remainder: bool, seed: int | None, checkpoint_every: int | None,
-                prefetch: int, prefetch_bytes: int | None = None) -> Source:
+                prefetch: int, prefetch_bytes: int | None = None,
+                torch_resume: str = "replay") -> Source:
   """The Source for `source`; `batch_size` is this process's batch size when it yields examples."""
+  torch = sys.modules.get("torch")
+  if torch_resume != "replay" and not (torch is not None and isinstance(
+      source, torch.utils.data.DataLoader)):
+    raise ValueError(f"jaxport.data: torch_resume={torch_resume!r} applies to torch DataLoaders "
+                     "only; leave it at \"replay\" for this source.")
   tf = sys.modules.get("tensorflow")
   if tf is not None and isinstance(source, tf.data.Dataset):
     from jaxport.data import _tf_service  # pylint: disable=import-outside-toplevel
@@ -78,10 +84,9 @@ def make_source(source: Any, *, batch_size: int | None, processes: int, index: i
   if checkpoint_every is not None:
     raise ValueError("jaxport.data: checkpoint_every= applies to tf.data sources only; other "
                      "sources resume by replaying batches.")
-  torch = sys.modules.get("torch")
   if torch is not None and isinstance(source, torch.utils.data.DataLoader):
     return TorchSource(source, batch_size=batch_size, processes=processes, index=index, shard=shard,
-                       seed=seed)
+                       seed=seed, resume=torch_resume)
   from jaxport.data import _random_access  # pylint: disable=import-outside-toplevel
   found = _random_access.random_access_source(
       source, batch_size=batch_size, processes=processes, index=index, shard=shard, seed=seed,
@@ -184,10 +189,20 @@ class TorchSource(Source):
   kind = "torch"
 
   def __init__(self, loader: Any, *, batch_size: int | None, processes: int, index: int,
-               shard: bool, seed: int | None):
+               shard: bool, seed: int | None, resume: str = "replay"):
     import torch  # pylint: disable=import-outside-toplevel
     self._torch = torch
     self._loader = loader
+    if resume not in ("replay", "seek"):
+      raise ValueError(f"jaxport.data: torch_resume must be \"replay\" or \"seek\", not {resume!r}.")
+    if resume == "seek" and (type(loader) is not torch.utils.data.DataLoader
+                             or isinstance(loader.dataset, torch.utils.data.IterableDataset)):
+      raise ValueError(
+          "jaxport.data: torch_resume=\"seek\" needs a plain torch DataLoader over a map-style "
+          f"dataset (found a {type(loader).__name__} over a {type(loader.dataset).__name__}): an "
+          "IterableDataset or a DataLoader subclass cannot skip items unread. Use \"replay\", or "
+          "wrap the dataset in jaxport.data.RandomAccess(...).")
+    self._seek = resume == "seek"
     batched = loader.batch_size is not None or loader.batch_sampler is not None
     if batched and batch_size is not None:
       raise ValueError(f"jaxport.data: the DataLoader already batches (batch_size="
@@ -224,9 +239,44 @@ class TorchSource(Source):
 
   def batches(self, epoch: int, start: int) -> Iterator[Flat]:
     self._begin_epoch(epoch)
+    if start and self._seek:
+      return self._sought(start)
     return _local_batches(iter(self._loader), batch_size=self._batch_size,
                           processes=self._processes, index=self._index, shard=self.loader_shards,
                           start=start, clock=self.clock)
+
+  def _sought(self, start: int) -> Iterator[Flat]:
+    """The batches from local step `start`, from a copy of the DataLoader whose sampler skips the
+    items before it unread (drawn in the same order, so the random generators end where an
+    uninterrupted epoch leaves them)."""
+    per_step = self._batch_size or 1   # DataLoader items per local step
+    stride = self._processes if self.loader_shards and self._processes > 1 else 1
+    skip = start * per_step * stride   # items of the whole stream before this process's next one
+    loader = self._loader
+    batched = loader.batch_sampler is not None
+    indices = loader.batch_sampler if batched else loader.sampler
+    total = _length(indices)
+    if total is not None:   # as replaying would: an item of the last batch delivered must be there
+      offset = self._index if stride > 1 else 0
+      local = max(0, -(-(total - offset) // stride))
+      if local < (start - 1) * per_step + 1:
+        raise past_the_end((start - 1) * per_step + 1, local, "examples" if self._batch_size
+                           else "batches")
+    options = dict(num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+                   pin_memory=loader.pin_memory, timeout=loader.timeout,
+                   worker_init_fn=loader.worker_init_fn, generator=loader.generator,
+                   multiprocessing_context=loader.multiprocessing_context,
+                   prefetch_factor=loader.prefetch_factor,
+                   pin_memory_device=loader.pin_memory_device)
+    if hasattr(loader, "in_order"):
+      options["in_order"] = loader.in_order
+    skipped = _SkippedSampler(indices, skip)
+    copy = (self._torch.utils.data.DataLoader(loader.dataset, batch_sampler=skipped, **options)
+            if batched else
+            self._torch.utils.data.DataLoader(loader.dataset, batch_size=None, sampler=skipped,
+                                              **options))
+    return _local_batches(iter(copy), batch_size=self._batch_size, processes=self._processes,
+                          index=self._index, shard=self.loader_shards, start=0, clock=self.clock)
 
   def _begin_epoch(self, epoch: int) -> None:
     if self._distributed:
@@ -275,6 +325,24 @@ class TorchSource(Source):
         raise LoaderStateError("source_state.generators", f"not a saved state of this "
                                f"DataLoader's random generator ({error}).") from None
     self._epoch_states = {epoch: list(generators)}
+
+
+class _SkippedSampler:
+  """A sampler's indices after its first `count` (which are drawn, then dropped)."""
+
+  def __init__(self, sampler: Any, count: int):
+    self.sampler, self.count = sampler, count
+
+  def __iter__(self) -> Iterator[Any]:
+    # A generator, as torch's samplers are: the draws happen at the first next(), after the
+    # DataLoader's own (worker seeds), in the order of an uninterrupted epoch.
+    indices = iter(self.sampler)
+    for _ in itertools.islice(indices, self.count):
+      pass
+    yield from indices
+
+  def __len__(self) -> int:
+    return max(0, len(self.sampler) - self.count)
 
 
 # Snapshots may take this share of the time spent reading batches: restoring then replays at most
