@@ -187,11 +187,17 @@ def choose_cpu_lowering(x: Array, w: Array, spec) -> Callable | None:
     return None
   if tuple(w.shape[:2]) != (3, 3) or list(spec.strides) != [1, 1] or list(spec.dilations) != [1, 1]:
     return None
+  batch_axis = spec.data_format.index("N")
+  if not all(isinstance(d, (int, np.integer)) for i, d in enumerate(x.shape) if i != batch_axis):
+    return None   # symbolic spatial/channel dims: the size rules cannot be decided
+  # A symbolic batch (a batch-polymorphic export) is judged per example.
+  batch = x.shape[batch_axis] if isinstance(x.shape[batch_axis], (int, np.integer)) else 1
   spatial = [x.shape[i] for i in spec.spatial]
   pads = spec.pads(spatial, (3, 3))
   out = [n + lo + hi - 2 for n, (lo, hi) in zip(spatial, pads)]
-  tiles = x.shape[0] * (-(-out[0] // 2)) * (-(-out[1] // 2))
+  tiles = batch * (-(-out[0] // 2)) * (-(-out[1] // 2))
+  per_example = int(np.prod([d for i, d in enumerate(x.shape) if i != batch_axis]))
   if (tiles >= _WINOGRAD_MIN_TILES and w.shape[2] >= _WINOGRAD_MIN_CHANNELS
-      and int(np.prod(x.shape)) <= _WINOGRAD_MAX_INPUT):
+      and batch * per_example <= _WINOGRAD_MAX_INPUT):
     return conv_winograd
   return None
