@@ -1,4 +1,10 @@
 """Shared helpers of the jaxport.data tests."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
 import jax
 import numpy as np
 
@@ -37,3 +43,24 @@ def spy_on_to_jax(monkeypatch) -> list:
 
   monkeypatch.setattr(_transfer, "jax_leaf_converter", spying_converter)
   return seen
+
+
+def run_workers(script: pathlib.Path, argvs: list[list[str]], timeout_s: float) -> list[dict]:
+  """Runs `script` once per argv, all at once (e.g. the processes of one jax.distributed job),
+  and returns the JSON each printed on its last line; kills them all if one fails or hangs."""
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+      [str(script.parent), os.environ.get("PYTHONPATH", "")])}
+  workers = [subprocess.Popen([sys.executable, str(script), *argv], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for argv in argvs]
+  reports = []
+  try:
+    for worker in workers:
+      out, err = worker.communicate(timeout=timeout_s)
+      assert worker.returncode == 0, err[-3000:]
+      reports.append(json.loads(out.strip().splitlines()[-1]))
+  finally:
+    for worker in workers:
+      if worker.poll() is None:
+        worker.kill()
+        worker.wait()
+  return reports

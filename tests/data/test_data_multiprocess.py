@@ -1,14 +1,12 @@
 """Two processes on this machine (jax.distributed over loopback, CPU devices) read one tf.data
 source through jaxport.data.loader with a global-batch sharding: every example is seen exactly
 once per epoch across the processes, and both run the same number of steps."""
-import json
-import os
 import pathlib
 import socket
-import subprocess
-import sys
 
 import pytest
+
+from data_support import run_workers
 
 WORKER = pathlib.Path(__file__).with_name("data_mp_worker.py")
 TIMEOUT_S = 300
@@ -23,22 +21,8 @@ def free_port() -> int:
 @pytest.mark.parametrize("examples, global_batch", [(13, 4)])
 def test_two_processes_see_every_example_once_per_epoch(examples, global_batch):
   port = free_port()
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-      [str(WORKER.parent), os.environ.get("PYTHONPATH", "")])}
-  workers = [subprocess.Popen([sys.executable, str(WORKER), str(i), str(port), str(examples),
-                               str(global_batch)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env) for i in range(2)]
-  outputs = []
-  try:
-    for worker in workers:
-      out, err = worker.communicate(timeout=TIMEOUT_S)
-      assert worker.returncode == 0, err[-3000:]
-      outputs.append(json.loads(out.strip().splitlines()[-1]))
-  finally:
-    for worker in workers:
-      if worker.poll() is None:
-        worker.kill()
-        worker.wait()
+  outputs = run_workers(WORKER, [[str(i), str(port), str(examples), str(global_batch)]
+                                 for i in range(2)], TIMEOUT_S)
 
   pad = [report["pad"] for report in outputs]
   steps = -(-examples // global_batch)

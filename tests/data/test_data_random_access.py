@@ -3,10 +3,7 @@ epoch, O(1) resume from (epoch, step), and elastic restore over another process 
 import copy
 import itertools
 import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -16,6 +13,7 @@ from jaxport.data import RandomAccess, _random_access, _state
 from jaxport.data._random_access import IndexShuffle, RandomAccessSource
 from jaxport.errors import LoaderStateError
 
+from data_support import run_workers
 from test_data_multiprocess import free_port
 
 WORKER = pathlib.Path(__file__).with_name("data_elastic_worker.py")
@@ -189,23 +187,8 @@ def test_grain_data_sources_are_random_access():
 
 
 def _run(processes, state_path, port):
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-      [str(WORKER.parent), os.environ.get("PYTHONPATH", "")])}
-  workers = [subprocess.Popen([sys.executable, str(WORKER), str(processes), str(i), str(port),
-                               str(state_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env) for i in range(processes)]
-  outputs = []
-  try:
-    for worker in workers:
-      out, err = worker.communicate(timeout=300)
-      assert worker.returncode == 0, err[-3000:]
-      outputs.append(json.loads(out.strip().splitlines()[-1]))
-  finally:
-    for worker in workers:
-      if worker.poll() is None:
-        worker.kill()
-        worker.wait()
-  return outputs
+  return run_workers(WORKER, [[str(processes), str(i), str(port), str(state_path)]
+                              for i in range(processes)], 300)
 
 
 @pytest.mark.slow  # three interpreters start jax (and two jax.distributed): ~30-75 s

@@ -6,8 +6,6 @@ same number of steps (data_service_worker.py)."""
 import collections
 import contextlib
 import gc
-import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -21,6 +19,7 @@ tf = pytest.importorskip("tensorflow")
 import jaxport.data  # noqa: E402
 from jaxport.data._tf_service import service_jobs  # noqa: E402
 from jaxport.errors import LoaderStateError  # noqa: E402
+from data_support import run_workers  # noqa: E402
 from test_data_multiprocess import free_port  # noqa: E402
 
 WORKER = pathlib.Path(__file__).with_name("data_service_worker.py")
@@ -151,23 +150,7 @@ def servers_process(workers: int = 2):
 
 def run_consumers(target: str) -> list[dict]:
   port = free_port()
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-      [str(WORKER.parent), os.environ.get("PYTHONPATH", "")])}
-  processes = [subprocess.Popen([sys.executable, str(WORKER), "consumer", str(i), str(port),
-                                 target], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=env) for i in range(2)]
-  reports = []
-  try:
-    for process in processes:
-      out, err = process.communicate(timeout=TIMEOUT_S)
-      assert process.returncode == 0, err[-3000:]
-      reports.append(json.loads(out.strip().splitlines()[-1]))
-  finally:
-    for process in processes:
-      if process.poll() is None:
-        process.kill()
-        process.wait()
-  return reports
+  return run_workers(WORKER, [["consumer", str(i), str(port), target] for i in range(2)], TIMEOUT_S)
 
 
 @pytest.mark.slow
