@@ -37,6 +37,8 @@ _SIGINT_PROBE = """
     import numpy as np
     import jaxport.data
 
+    # A process started in the background by a shell without job control inherits SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     stop = threading.Event()
     def burn():
       while not stop.is_set():
