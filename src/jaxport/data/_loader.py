@@ -7,12 +7,11 @@ from typing import Any, Iterator
 import jax
 from jax.tree_util import DictKey, tree_unflatten
 
-from jaxport.data._batches import (LAST_BATCH_POLICIES, BatchLayout, LastBatch, apply_last_batch,
+from jaxport.data._batches import (LAST_BATCH_POLICIES, BatchLayout, LastBatch,
                                    steps_per_epoch)
 from jaxport.data._prefetch import Feed
 from jaxport.data import _state
 from jaxport.data._sources import Source, make_source
-from jaxport.data._tf_service import TFServiceSource
 from jaxport.data._stats import LoaderStats, Meter, ProgressBar, StageClock
 from jaxport.data._transfer import DtypePolicy, DtypesSpec, Placer, resolve_sharding
 from jaxport.errors import LoaderStateError
@@ -70,7 +69,7 @@ class Loader:
         self._source.count(), examples=self._source.examples, local_batch=local_batch,
         policy=last_batch, processes=processes, loader_shards=self._source.loader_shards,
         last_short=self._source.last_short())
-    if processes > 1 and self._steps is None and not isinstance(self._source, TFServiceSource):
+    if processes > 1 and self._steps is None and not self._source.steps_agreed_online:
       raise ValueError(
           f"jaxport.data: with {processes} processes every process must run the same number of "
           "steps, so the length of the source must be known. Give tf.data pipelines a known "
@@ -186,9 +185,10 @@ class Loader:
 
     Batches already prefetched but not received are produced again after a restore. Cost of
     resuming: Python iterables and DataLoaders replay the epoch's earlier batches (read, not
-    transferred; a DataLoader with `torch_resume="seek"` skips their sampler indices instead, loading
-    nothing before the step); random-access and grain sources seek; tf.data restores the latest iterator snapshot at or before the step (taken as
-    their cost allows, ~5% of reading time, or every `checkpoint_every` batches) and replays the
+    transferred; a DataLoader with `torch_resume="seek"` skips their sampler indices instead,
+    loading nothing before the step); random-access and grain sources seek; tf.data restores the
+    latest iterator snapshot at or before the step (taken as their cost allows, ~5% of reading
+    time, or every `checkpoint_every` batches) and replays the
     few batches after it: about the same cost anywhere in the epoch. The state holds the
     pipeline's buffers (shuffle and prefetch), compressed.
     """
@@ -260,11 +260,7 @@ def _produce(source: Source, epoch: int, start: int, *, policy: LastBatch, layou
   `clock` (the source's readers add their transform time to it), a few µs per batch."""
   source.clock = clock
   began, transformed = time.perf_counter(), 0.0
-  if isinstance(source, TFServiceSource):  # the processes agree on the steps as they go
-    stream = source.agreed_steps(epoch, start, policy=policy, layout=layout)
-  else:
-    stream = apply_last_batch(source.batches(epoch, start), policy=policy, layout=layout,
-                              steps=steps, start=start)
+  stream = source.steps(epoch, start, policy=policy, layout=layout, steps=steps)
   for step, batch, mask in stream:
     read = time.perf_counter()
     clock.source += read - began - (clock.transform - transformed)

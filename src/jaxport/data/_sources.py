@@ -17,7 +17,7 @@ import numpy as np
 from jax.tree_util import tree_flatten_with_path
 
 from jaxport.data import _tf_compat
-from jaxport.data._batches import Flat, batch_examples, batch_rows, flatten
+from jaxport.data._batches import Flat, apply_last_batch, batch_examples, batch_rows, flatten
 from jaxport.data._leaves import tf_dtype_problem
 from jaxport.data._state import is_int, past_the_end
 from jaxport.errors import LoaderStateError
@@ -32,6 +32,7 @@ class Source:
   kind: str
   examples: bool  # yields single examples, which the loader batches
   loader_shards: bool  # the loader splits the source across processes (else it already is split)
+  steps_agreed_online = False  # the processes agree on the step count while reading (length unknown)
   elastic: bool = False  # a state restores with another process count (same global batch)
   clock: Any = None  # the reading feed's _stats.StageClock (set by the loader): readers add
   # their host-side transform time (flattening, stacking) to clock.transform
@@ -46,6 +47,13 @@ class Source:
 
   def batches(self, epoch: int, start: int) -> Iterator[Flat]:
     raise NotImplementedError
+
+  def steps(self, epoch: int, start: int, *, policy: Any, layout: Any,
+            steps: float | None) -> Iterator[tuple[int, Flat, Any]]:
+    """(step, batch, mask) of one epoch from local step `start`, the last batch handled by `policy`
+    (`steps`: the step count every process runs, when several do)."""
+    return apply_last_batch(self.batches(epoch, start), policy=policy, layout=layout, steps=steps,
+                            start=start)
 
   def record(self, epoch: int, step: int) -> Any:
     """JSON data that lets a fresh source, given (epoch, step), continue from there."""

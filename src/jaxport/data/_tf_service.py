@@ -61,6 +61,7 @@ class TFServiceSource(TFDataSource):
   """A tf.data pipeline that reads from the tf.data service: never sharded by the loader, no
   iterator snapshots, states at epoch boundaries only, steps agreed between processes."""
   kind = "tf.data service"
+  steps_agreed_online = True
 
   def __init__(self, dataset: Any, jobs: list[tuple[str, str]], *, batch_size: int | None,
                processes: int, index: int, drop_remainder: bool, checkpoint_every: int | None,
@@ -120,8 +121,8 @@ class TFServiceSource(TFDataSource):
                     "again. If the dispatcher still knows that job, its finished epochs yield no "
                     "data; give the dataset a job_name not used before.", stacklevel=3)
 
-  def agreed_steps(self, epoch: int, start: int, *, policy: LastBatch,
-                   layout: BatchLayout) -> Iterator[tuple[int, Flat, np.ndarray | None]]:
+  def steps(self, epoch: int, start: int, *, policy: LastBatch, layout: BatchLayout,
+            steps: float | None = None) -> Iterator[tuple[int, Flat, np.ndarray | None]]:
     """(step, batch, mask) of one epoch: every short batch padded (or dropped, or kept, by
     `policy`), and with several processes, the rounds agreed with the others."""
     if start:
