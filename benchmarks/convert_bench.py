@@ -2,7 +2,8 @@
 
 The models section: the 13 Keras applications of the model zoo, an LSTM and a Transformer block
 (`_bench_models.py`), at each batch size of --batches. Per model and batch: jaxport's steady-state
-run time (`outputs_only`, device-resident inputs), its ratio to TF's `tf.function` graph, to TF XLA
+run time (`jaxport.jit(f.outputs_only)`, device-resident inputs; the same under a plain `jax.jit`
+in its own column), its ratio to TF's `tf.function` graph, to TF XLA
 (`jit_compile=True`), to Keras 3 on its JAX backend with the same weights (a subprocess,
 `_keras_jax_runner.py`) and to tf2jax (if installed); conversion + compile time against TF XLA's
 compile. Calls are interleaved (jaxport, TF graph, TF XLA, Keras-JAX, ...) round by round, so machine
@@ -50,7 +51,9 @@ HERE = pathlib.Path(__file__).parent
 sys.path.insert(0, str(HERE))
 from _bench_models import ALL_MODELS, build_model, example_input  # noqa: E402
 
-SYSTEMS = ("jaxport", "TF graph", "TF XLA", "Keras JAX", "tf2jax")
+# "jaxport": `jaxport.jit` (jax.jit with jaxport's tuned XLA options, jaxport/xla_options.py);
+# "jaxport jax.jit": the same function under a plain `jax.jit`.
+SYSTEMS = ("jaxport", "jaxport jax.jit", "TF graph", "TF XLA", "Keras JAX", "tf2jax")
 
 
 def main() -> None:
@@ -219,8 +222,9 @@ def measure(name: str, model, batch: int, keras_jax: KerasJax | None, repeats: i
   convert_s = time.perf_counter() - start
   params, x_device = jax.device_put(params), jax.device_put(x)
   start = time.perf_counter()
-  compiled = jax.jit(fn.outputs_only).lower(params, x_device).compile()
+  compiled = jaxport.jit(fn.outputs_only).lower(params, x_device).compile()
   compile_s = time.perf_counter() - start
+  plain = jax.jit(fn.outputs_only).lower(params, x_device).compile()
 
   tf_x = tf.constant(x)
   graph = tf.function(lambda t: model(t, training=False))
@@ -229,7 +233,8 @@ def measure(name: str, model, batch: int, keras_jax: KerasJax | None, repeats: i
   start = time.perf_counter()
   _block(xla(tf_x))
   xla_first_s = time.perf_counter() - start
-  runners = {"jaxport": _timed(lambda: compiled(params, x_device)), "TF graph": _timed(lambda: graph(tf_x)),
+  runners = {"jaxport": _timed(lambda: compiled(params, x_device)),
+             "jaxport jax.jit": _timed(lambda: plain(params, x_device)), "TF graph": _timed(lambda: graph(tf_x)),
              "TF XLA": _timed(lambda: xla(tf_x))}
   keras_err = float("nan")
   if keras_jax is not None:
@@ -295,8 +300,9 @@ def print_models_table(console, rows: list[Row], repeats: int) -> None:
   peer = any("tf2jax" in r.run_s for r in rows)
   table = Table(title=f"jaxport convert benchmark (CPU, interleaved, medians of {repeats}); ratios are "
                       "jaxport's time over the other system's (< 1: jaxport faster)")
-  columns = ["model", "batch", "jaxport ms", "TF graph ms", "TF XLA ms", "Keras JAX ms"] + \
-            (["tf2jax ms"] if peer else []) + ["/TF graph", "/TF XLA", "/Keras JAX"] + (["/tf2jax"] if peer else []) + \
+  columns = ["model", "batch", "jaxport ms", "jaxport jax.jit ms", "TF graph ms", "TF XLA ms", "Keras JAX ms"] + \
+            (["tf2jax ms"] if peer else []) + ["/jaxport jax.jit", "/TF graph", "/TF XLA", "/Keras JAX"] + \
+            (["/tf2jax"] if peer else []) + \
             ["convert+compile s", "TF XLA compile s", "rel err", "Keras JAX rel err"]
   for col in columns:
     table.add_column(col, justify="left" if col == "model" else "right")

@@ -86,6 +86,14 @@ class ConvertedFunction:
     """The outputs alone; variable updates are dropped (use `with_changed_params` to keep them)."""
     return self._run("outputs", params, args, kwargs, rng)
 
+  @property
+  def op_types(self) -> frozenset[str]:
+    """The TF op types of the converted graph and its functions."""
+    if "op_types" not in self._graph.memo:
+      self._graph.memo["op_types"] = frozenset({n.op for n in self._graph.nodes.values()}
+                                               | self._library.op_types())
+    return self._graph.memo["op_types"]
+
   def returning(self, form: str) -> Callable:
     """The call form named `form`: "all" (`self`), "changed" or "outputs"."""
     forms = {"all": self, "changed": self.with_changed_params, "outputs": self.outputs_only}

@@ -209,6 +209,11 @@ class Library:
     self._fdefs[fn.name] = None   # no FunctionDef behind it
     self._decoded[fn.name] = fn
 
+  def op_types(self) -> set[str]:
+    """The op types of every function's nodes."""
+    ops = {n.op for fdef in self._fdefs.values() if fdef is not None for n in fdef.node_def}
+    return ops.union(*({n.op for n in fn.nodes.values()} for fn in self._decoded.values()))
+
   def function_def(self, name: str):
     """The FunctionDef proto of `name`."""
     return self._fdefs[name]

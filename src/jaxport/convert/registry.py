@@ -34,6 +34,7 @@ class OpRule:
   structural: bool = False       # works on graph structure (functions, resources, lists, gradients)
   tier: Tier = Tier.NATIVE
   check: Callable | None = None  # check(node) at conversion time: raises when the node cannot run
+  convolution: bool = False      # a convolution (picks XLA:CPU options in jaxport.jit)
 
   def __call__(self, ctx, *inputs):
     return self.fn(ctx, *inputs)
@@ -44,7 +45,7 @@ _RULES: dict[str, OpRule] = {}
 
 def register(*op_types: str, needs_rng: bool = False, writes_state: bool = False,
              stateful: bool = False, structural: bool = False, tier: Tier = Tier.NATIVE,
-             check: Callable | None = None):
+             check: Callable | None = None, convolution: bool = False):
   """Registers the decorated `fn(ctx, *inputs)` for each of `op_types` (literal op names).
 
   `check(node)`, when given, runs at conversion time for every node of these types that
@@ -58,7 +59,7 @@ def register(*op_types: str, needs_rng: bool = False, writes_state: bool = False
     for op in op_types:
       _RULES[op] = OpRule(op, fn, needs_rng=needs_rng, writes_state=writes_state,
                           stateful=stateful or writes_state or needs_rng, structural=structural,
-                          tier=tier, check=check)
+                          tier=tier, check=check, convolution=convolution)
     return fn
   return decorator
 

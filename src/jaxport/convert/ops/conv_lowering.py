@@ -154,12 +154,12 @@ def conv_winograd4(x: Array, w: Array, spec) -> Array:
   return conv_winograd(x, w, spec, m=4)
 
 
-def conv_xla(x: Array, w: Array, spec) -> Array:
-  """The plain XLA convolution, for reference and as the fallback."""
+def conv_xla(x: Array, w: Array, spec, groups: int = 1) -> Array:
+  """XLA's (grouped) convolution with TF's padding: the fallback, and what GPUs run (cuDNN)."""
   x, w = jnp.asarray(x), jnp.asarray(w)
   pads = spec.pads([x.shape[i] for i in spec.spatial], w.shape[:-2])
-  return lax.conv_general_dilated(x, w, window_strides=spec.strides, padding=pads,
-                                  rhs_dilation=spec.dilations, dimension_numbers=spec.dimension_numbers())
+  return lax.conv_general_dilated(x, w, window_strides=spec.strides, padding=pads, rhs_dilation=spec.dilations,
+                                  dimension_numbers=spec.dimension_numbers(), feature_group_count=groups)
 
 
 LOWERINGS: dict[str, Callable] = {

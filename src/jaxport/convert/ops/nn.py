@@ -77,21 +77,23 @@ def _conv(x, w, spec: _ConvSpec):
   pads = spec.pads(spatial_shape, w.shape[:-2])
   if groups == 1 and all(k == 1 for k in w.shape[:-2]) and all(p == (0, 0) for p in pads):
     return _pointwise_conv(x, w, spec)
+  if groups > 1 and groups == x.shape[spec.channel_axis] and w.shape[-2] == 1 and len(spec.spatial) == 2:
+    # A depthwise conv written as a grouped Conv2D (Keras 3's ConvNeXt): output g*M + m reads input
+    # channel g, so the filter is the depthwise [kh, kw, C, M] one.
+    return _depthwise(x, jnp.reshape(w, (*w.shape[:2], groups, w.shape[-1] // groups)), spec)
   if groups == 1 and (cpu_lowering := conv_lowering.choose_cpu_lowering(x, w, spec)) is not None:
     # Dense 2-D convs as GEMMs/Winograd on CPU (see conv_lowering), XLA's conv elsewhere (cuDNN).
     return lax.platform_dependent(jnp.asarray(x), jnp.asarray(w), cpu=functools.partial(cpu_lowering, spec=spec),
                                   default=functools.partial(conv_lowering.conv_xla, spec=spec))
-  return lax.conv_general_dilated(
-      jnp.asarray(x), jnp.asarray(w), window_strides=spec.strides, padding=pads,
-      rhs_dilation=spec.dilations, dimension_numbers=spec.dimension_numbers(), feature_group_count=groups)
+  return conv_lowering.conv_xla(x, w, spec, groups)
 
 
-@register("Conv2D")
+@register("Conv2D", convolution=True)
 def conv2d(ctx, x, w):
   return _conv(x, w, _ConvSpec(ctx.attr, 2))
 
 
-@register("Conv3D")
+@register("Conv3D", convolution=True)
 def conv3d(ctx, x, w):
   return _conv(x, w, _ConvSpec(ctx.attr, 3))
 
@@ -126,22 +128,22 @@ def _conv_backprop_filter(ctx, x, filter_sizes, out_backprop, nd: int, conv=_con
   return _transpose(lambda w: conv(x, w, spec), static_ints(filter_sizes, "filter_sizes", ctx), out_backprop)
 
 
-@register("Conv2DBackpropInput")
+@register("Conv2DBackpropInput", convolution=True)
 def conv2d_backprop_input(ctx, input_sizes, w, out_backprop):
   return _conv_backprop_input(ctx, input_sizes, w, out_backprop, 2)
 
 
-@register("Conv3DBackpropInputV2")
+@register("Conv3DBackpropInputV2", convolution=True)
 def conv3d_backprop_input(ctx, input_sizes, w, out_backprop):
   return _conv_backprop_input(ctx, input_sizes, w, out_backprop, 3)
 
 
-@register("Conv2DBackpropFilter")
+@register("Conv2DBackpropFilter", convolution=True)
 def conv2d_backprop_filter(ctx, x, filter_sizes, out_backprop):
   return _conv_backprop_filter(ctx, x, filter_sizes, out_backprop, 2)
 
 
-@register("Conv3DBackpropFilterV2")
+@register("Conv3DBackpropFilterV2", convolution=True)
 def conv3d_backprop_filter(ctx, x, filter_sizes, out_backprop):
   return _conv_backprop_filter(ctx, x, filter_sizes, out_backprop, 3)
 
@@ -149,7 +151,7 @@ def conv3d_backprop_filter(ctx, x, filter_sizes, out_backprop):
 def _depthwise_grouped(x, w, spec: _ConvSpec):
   """Depthwise conv as a grouped conv: filter [*window, C, M] -> [*window, 1, C*M], one group per channel."""
   *window, channels, multiplier = w.shape
-  return _conv(x, w.reshape(*window, 1, channels * multiplier), spec)
+  return conv_lowering.conv_xla(x, w.reshape(*window, 1, channels * multiplier), spec, groups=channels)
 
 
 def _depthwise_shifted(x, w, spec: _ConvSpec):
@@ -199,17 +201,17 @@ def _depthwise(x, w, spec: _ConvSpec):
       default=functools.partial(_depthwise_grouped, spec=spec))
 
 
-@register("DepthwiseConv2dNative")
+@register("DepthwiseConv2dNative", convolution=True)
 def depthwise_conv2d(ctx, x, w):
   return _depthwise(x, w, _ConvSpec(ctx.attr, 2))
 
 
-@register("DepthwiseConv2dNativeBackpropInput")
+@register("DepthwiseConv2dNativeBackpropInput", convolution=True)
 def depthwise_conv2d_backprop_input(ctx, input_sizes, w, out_backprop):
   return _conv_backprop_input(ctx, input_sizes, w, out_backprop, 2, conv=_depthwise)
 
 
-@register("DepthwiseConv2dNativeBackpropFilter")
+@register("DepthwiseConv2dNativeBackpropFilter", convolution=True)
 def depthwise_conv2d_backprop_filter(ctx, x, filter_sizes, out_backprop):
   return _conv_backprop_filter(ctx, x, filter_sizes, out_backprop, 2, conv=_depthwise)
 

@@ -191,7 +191,7 @@ def xla_dot(ctx, lhs, rhs):
                          preferred_element_type=_preferred_type(ctx))
 
 
-@register("XlaConv", "XlaConvV2")
+@register("XlaConv", "XlaConvV2", convolution=True)
 def xla_conv(ctx, lhs, rhs, strides, padding, lhs_dilation, rhs_dilation, feature_group_count):
   dn = _proto(ctx, "dimension_numbers", "ConvolutionDimensionNumbers")
   specs = lax.ConvDimensionNumbers(

@@ -1,0 +1,71 @@
+"""XLA compiler options jaxport picks per converted function, and `jaxport.jit`, which applies them.
+
+XLA:CPU (jaxlib 0.10) hands convolutions, dots and their neighbours to YNNPACK. On conv nets that
+loses: it outlines a whole network into one fusion that costs twice the CPU time of the same ops
+run one by one (VGG16, batch 2: 1.84 s vs 0.67 s; TF's graph 0.94 s), and its convolutions and
+GEMMs leave one of two cores idle (InceptionV3 0.50 s vs 0.37 s, DenseNet121 0.26 vs 0.21 s).
+On small recurrent matmuls it wins (an LSTM: 9.6 ms vs 16 ms without it). So a converted graph
+with convolutions compiles with YNNPACK off (`CONV_NET_CPU_OPTIONS`); anything else keeps XLA's
+defaults. Measurements: benchmarks/README.md.
+
+The options are per computation (`jax.jit(..., compiler_options=...)`), so they change nothing
+else in the process. For a conv net jitted elsewhere (a Flax or optax training loop), pass
+`compiler_options=CONV_NET_CPU_OPTIONS` to its `jax.jit`, or set the flag for the whole process
+before JAX starts: `XLA_FLAGS="--xla_cpu_experimental_ynn_fusion_type="` (`xla_flags_line()`).
+Other backends ignore `xla_cpu_*` options.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any, Callable
+
+import jax
+
+# Measured per model in benchmarks/convert_bench.py (see benchmarks/README.md, "YNNPACK on XLA:CPU").
+CONV_NET_CPU_OPTIONS: dict[str, Any] = {"xla_cpu_experimental_ynn_fusion_type": ""}
+
+
+@functools.lru_cache(maxsize=None)
+def _accepted(options: tuple[tuple[str, Any], ...]) -> bool:
+  """Whether this jaxlib's compiler knows every option (a later jaxlib may rename them)."""
+  try:
+    jax.jit(lambda x: x + 1).lower(1.0).compile(compiler_options=dict(options))
+  except Exception as e:   # XlaRuntimeError "No such compile option" / invalid enum value
+    warnings.warn(f"jaxport: this jaxlib refuses the tuned XLA options {dict(options)} ({str(e)[:200]}); "
+                  "compiling with XLA's defaults.", RuntimeWarning, stacklevel=3)
+    return False
+  return True
+
+
+def _is_conv_net(fun: Callable) -> bool:
+  """Whether `fun` is a converted function (or one of its call forms) whose graph has convolutions."""
+  from jaxport.convert.registry import ops_where
+  owner = getattr(fun, "__self__", fun)   # f.outputs_only, f.with_changed_params
+  op_types = getattr(owner, "op_types", None)
+  return isinstance(op_types, frozenset) and not op_types.isdisjoint(ops_where(convolution=True))
+
+
+def compiler_options(fun: Callable | None = None) -> dict[str, Any]:
+  """The options `jaxport.jit(fun)` adds: `CONV_NET_CPU_OPTIONS` for a converted function with
+  convolutions, {} for anything else (XLA's defaults) or where this jaxlib refuses the options."""
+  if fun is None or not _is_conv_net(fun):
+    return {}
+  return dict(CONV_NET_CPU_OPTIONS) if _accepted(tuple(sorted(CONV_NET_CPU_OPTIONS.items()))) else {}
+
+
+def xla_flags_line(options: dict[str, Any] | None = None) -> str:
+  """`options` (default `CONV_NET_CPU_OPTIONS`) as an `XLA_FLAGS` value, to set them process-wide
+  before JAX starts."""
+  return " ".join(f"--{key}={value}" for key, value in (options or CONV_NET_CPU_OPTIONS).items())
+
+
+def jit(fun: Callable, /, **jit_kwargs) -> Callable:
+  """`jax.jit(fun, **jit_kwargs)` with the XLA options measured fastest for `fun`.
+
+  A converted function (or `f.outputs_only`, `f.with_changed_params`, `f.returning(...)`) whose
+  graph has convolutions compiles with `CONV_NET_CPU_OPTIONS`; anything else with XLA's defaults.
+  Options the caller passes in `compiler_options` win over jaxport's.
+  """
+  options = {**compiler_options(fun), **(jit_kwargs.pop("compiler_options", None) or {})}
+  return jax.jit(fun, compiler_options=options or None, **jit_kwargs)
