@@ -68,3 +68,43 @@ def test_vmap_of_custom_gradient():
   f = jaxport.convert_functional(forward, X)
   xs = np.stack([X, X + 1, X - 1])
   np.testing.assert_allclose(jax.vmap(jax.grad(f))(xs), np.stack([_tf_grad(forward, x) for x in xs]), rtol=1e-5)
+
+
+def test_many_boundaries_traced_together_keep_their_own_gradients():
+  """Several custom gradients (traced in one tf.function at conversion): each keeps its own inputs,
+  captures and None gradients, including two that read the same forward tensor."""
+  def fn(x, y):
+    shared = tf.exp(x)
+
+    @tf.custom_gradient
+    def scaled(a):
+      def grad(dy):
+        return dy * shared          # reads a forward tensor another boundary reads too
+      return a * 2.0, grad
+
+    @tf.custom_gradient
+    def mixed(a, b):
+      def grad(dy):
+        return dy * tf.cos(b), None   # no gradient for b
+      return a * b, grad
+
+    @tf.custom_gradient
+    def offset(a):
+      def grad(dy):
+        return dy + tf.reduce_sum(shared)
+      return tf.sin(a), grad
+
+    return tf.reduce_sum(scaled(x) + mixed(x, y) + offset(y)) + tf.reduce_sum(shared * y)
+
+  y = X[::-1].copy()
+  f = jaxport.convert_functional(fn, X, y)
+  np.testing.assert_allclose(f(X, y), fn(X, y), rtol=1e-5)
+  xt, yt = tf.constant(X), tf.constant(y)
+  with tf.GradientTape() as tape:
+    tape.watch([xt, yt])
+    out = tf.function(fn)(xt, yt)
+  expected = [g.numpy() for g in tape.gradient(out, [xt, yt])]
+  for got, want in zip(jax.grad(f, argnums=(0, 1))(X, y), expected):
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+  for got, want in zip(jax.jit(jax.grad(f, argnums=(0, 1)))(X, y), expected):
+    np.testing.assert_allclose(got, want, rtol=1e-5)
