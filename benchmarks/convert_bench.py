@@ -7,8 +7,9 @@ in its own column), its ratio to TF's `tf.function` graph, to TF XLA
 (`jit_compile=True`), to Keras 3 on its JAX backend with the same weights (a subprocess,
 `_keras_jax_runner.py`) and to tf2jax (if installed); conversion + compile time against TF XLA's
 compile. Calls are interleaved (jaxport, TF graph, TF XLA, Keras-JAX, ...) round by round, so machine
-load hits every system alike; medians of --repeats rounds. Prints the targets met and missed and
-writes benchmarks/out/convert_bench.png.
+load hits every system alike, each timed call right after an untimed one of the same system (steady
+state: no cold-cache penalty for whoever follows another system); medians of --repeats rounds.
+Prints the targets met and missed and writes benchmarks/out/convert_bench.png.
 
 The params-copy section: a jitted `f(params, x) -> (outputs, new_params)` writes every param to new
 buffers per call; `outputs_only`, `with_changed_params` and donation avoid that. Bytes per call from
@@ -198,13 +199,20 @@ def _timed(fn):
   return run
 
 
-def interleaved(runners: dict, repeats: int) -> dict[str, float]:
-  """Median seconds per runner, timed round by round (A, B, C, A, B, C, ...) after one warm-up round."""
+def interleaved(runners: dict, repeats: int, warm_each: bool = True) -> dict[str, float]:
+  """Median seconds per runner, timed round by round (A, B, C, A, B, C, ...) after one warm-up round.
+
+  With `warm_each`, every timed call follows an untimed call of the same runner: the call after
+  another system's finds cold caches and sleeping thread pools, which biased whichever runner came
+  first in a round (two identical jaxport programs differed by up to 1.24x on the Transformer block).
+  """
   for run in runners.values():
     run()
   times: dict[str, list[float]] = {k: [] for k in runners}
   for _ in range(repeats):
     for name, run in runners.items():
+      if warm_each:
+        run()
       times[name].append(run())
   return {k: statistics.median(v) for k, v in times.items()}
 
@@ -287,7 +295,8 @@ def model_rows(console, name: str, batches: list[int], repeats: int, tmp: str) -
       r = rows[-1]
       console.log(f"{name} batch {batch}: jaxport {r.run_s['jaxport'] * 1e3:.1f} ms, {r.ratio('TF graph'):.2f}x TF "
                   f"graph, {r.ratio('TF XLA'):.2f}x TF XLA, {r.ratio('Keras JAX'):.2f}x Keras JAX; convert+compile "
-                  f"{r.convert_s + r.compile_s:.1f} s vs TF XLA compile {r.xla_compile_s:.1f} s")
+                  f"{r.convert_s + r.compile_s:.1f} s (convert {r.convert_s:.1f} + compile {r.compile_s:.1f}) vs TF "
+                  f"XLA compile {r.xla_compile_s:.1f} s")
   finally:
     if keras_jax is not None:
       keras_jax.close()
