@@ -38,7 +38,6 @@ import json
 import os
 import pathlib
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,6 +50,7 @@ import numpy as np  # noqa: E402
 HERE = pathlib.Path(__file__).parent
 sys.path.insert(0, str(HERE))
 from _bench_models import ALL_MODELS, build_model, example_input  # noqa: E402
+from _timing import block, interleaved, timed  # noqa: E402
 
 # "jaxport": `jaxport.jit` (jax.jit with jaxport's tuned XLA options, jaxport/xla_options.py);
 # "jaxport jax.jit": the same function under a plain `jax.jit`.
@@ -181,42 +181,6 @@ def _tf2jax():
   return None if "jaxport" in (getattr(tf2jax, "__file__", "") or "") else tf2jax
 
 
-def _block(out):
-  """`out` once computed: JAX arrays blocked on, TF tensors read."""
-  import jax
-  for leaf in jax.tree.leaves(out):
-    leaf.block_until_ready() if hasattr(leaf, "block_until_ready") else np.asarray(leaf)
-  return out
-
-
-def _timed(fn):
-  """A runner that makes one blocked call of `fn` and returns its seconds."""
-
-  def run() -> float:
-    start = time.perf_counter()
-    _block(fn())
-    return time.perf_counter() - start
-  return run
-
-
-def interleaved(runners: dict, repeats: int, warm_each: bool = True) -> dict[str, float]:
-  """Median seconds per runner, timed round by round (A, B, C, A, B, C, ...) after one warm-up round.
-
-  With `warm_each`, every timed call follows an untimed call of the same runner: the call after
-  another system's finds cold caches and sleeping thread pools, which biased whichever runner came
-  first in a round (two identical jaxport programs differed by up to 1.24x on the Transformer block).
-  """
-  for run in runners.values():
-    run()
-  times: dict[str, list[float]] = {k: [] for k in runners}
-  for _ in range(repeats):
-    for name, run in runners.items():
-      if warm_each:
-        run()
-      times[name].append(run())
-  return {k: statistics.median(v) for k, v in times.items()}
-
-
 def measure(name: str, model, batch: int, keras_jax: KerasJax | None, repeats: int) -> Row:
   """One model at one batch size against every system, interleaved."""
   import jax
@@ -239,11 +203,11 @@ def measure(name: str, model, batch: int, keras_jax: KerasJax | None, repeats: i
   xla = tf.function(lambda t: model(t, training=False), jit_compile=True)
   expected = graph(tf_x).numpy()
   start = time.perf_counter()
-  _block(xla(tf_x))
+  block(xla(tf_x))
   xla_first_s = time.perf_counter() - start
-  runners = {"jaxport": _timed(lambda: compiled(params, x_device)),
-             "jaxport jax.jit": _timed(lambda: plain(params, x_device)), "TF graph": _timed(lambda: graph(tf_x)),
-             "TF XLA": _timed(lambda: xla(tf_x))}
+  runners = {"jaxport": timed(lambda: compiled(params, x_device)),
+             "jaxport jax.jit": timed(lambda: plain(params, x_device)), "TF graph": timed(lambda: graph(tf_x)),
+             "TF XLA": timed(lambda: xla(tf_x))}
   keras_err = float("nan")
   if keras_jax is not None:
     _, keras_out = keras_jax.prepare(x)
@@ -254,7 +218,7 @@ def measure(name: str, model, batch: int, keras_jax: KerasJax | None, repeats: i
     peer_fn, peer_params = peer.convert(graph, np.zeros_like(x))
     peer_jit = jax.jit(lambda p, t: peer_fn(p, t)[0])
     peer_params = jax.device_put(peer_params)
-    runners["tf2jax"] = _timed(lambda: peer_jit(peer_params, x_device))
+    runners["tf2jax"] = timed(lambda: peer_jit(peer_params, x_device))
   run_s = interleaved(runners, repeats)
   return Row(name, batch, convert_s, compile_s, max(xla_first_s - run_s["TF XLA"], 0.0), run_s,
              relative_error(compiled(params, x_device), expected), keras_err)
@@ -589,7 +553,7 @@ def params_copy_rows(console, repeats: int) -> None:
         result = jax.block_until_ready(call())
         held[label] = (sum(a.nbytes for a in jax.live_arrays()) - before, len(jax.tree.leaves(result)))
         del result
-      run_s = interleaved({label: _timed(call) for label, call in calls.items()}, repeats)
+      run_s = interleaved({label: timed(call) for label, call in calls.items()}, repeats)
     table = Table(title=f"params copy: {title}; {len(params)} params, {param_bytes / 1e6:.1f} MB "
                         f"(CPU, interleaved, medians of {repeats})")
     for col in ["call form", "outputs", "XLA output MB", "aliased MB", "temp MB", "written per call MB",

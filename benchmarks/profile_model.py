@@ -34,6 +34,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import interleaved, timed  # noqa: E402
+
 SIZES = {"InceptionV3": 299, "Xception": 299, "InceptionResNetV2": 299, "NASNetLarge": 331}
 
 
@@ -238,18 +241,6 @@ def onednn_table(name: str, batch: int):
 # --------------------------------------------------------------------------- main
 
 
-def interleaved(calls: dict, repeats: int) -> dict[str, float]:
-  times = {k: [] for k in calls}
-  for fn in calls.values():
-    fn()
-  for _ in range(repeats):
-    for k, fn in calls.items():
-      start = time.perf_counter()
-      fn()
-      times[k].append(time.perf_counter() - start)
-  return {k: statistics.median(v) for k, v in times.items()}
-
-
 def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument("model")
@@ -289,7 +280,7 @@ def main() -> None:
     result["max_abs_diff_vs_keras"] = float(np.max(np.abs(np.asarray(calls["jaxport"]()) - np.asarray(calls["keras"]()))))
   if "jaxport" in calls and "tf" in calls:
     result["max_abs_diff_vs_tf"] = float(np.max(np.abs(np.asarray(calls["jaxport"]()) - calls["tf"]())))
-  result["run_ms"] = {k: v * 1e3 for k, v in interleaved(calls, args.repeats).items()}
+  result["run_ms"] = {k: v * 1e3 for k, v in interleaved({k: timed(fn) for k, fn in calls.items()}, args.repeats).items()}
   print(f"\n== {args.model}, batch {args.batch}: steady state, interleaved medians of {args.repeats} ==")
   for k, v in result["run_ms"].items():
     print(f"  {k:8s} {v:9.1f} ms")
