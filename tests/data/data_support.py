@@ -4,6 +4,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
 
 import jax
 import numpy as np
@@ -43,6 +44,29 @@ def spy_on_to_jax(monkeypatch) -> list:
 
   monkeypatch.setattr(_transfer, "jax_leaf_converter", spying_converter)
   return seen
+
+
+class ReadAheadProbe:
+  """Tells, without a clock, whether a loader reads ahead while the training step runs.
+
+  The source calls `produced(i)` as it makes element i. Inside step k the consumer waits (up to
+  `wait_s`) for element k + 1 to appear: a loader that reads ahead makes it meanwhile; a serial
+  one cannot, since nobody asks for it before the step ends. A slow machine only lengthens the
+  wait, never flips the answer.
+  """
+
+  def __init__(self, n: int):
+    self._made = [threading.Event() for _ in range(n)]
+
+  def produced(self, i: int) -> None:
+    self._made[int(i)].set()
+
+  def steps_that_overlapped(self, batches, wait_s: float) -> list[bool]:
+    overlapped = []
+    for k, _ in enumerate(batches):
+      if k + 1 < len(self._made):
+        overlapped.append(self._made[k + 1].wait(wait_s))
+    return overlapped
 
 
 def run_workers(script: pathlib.Path, argvs: list[list[str]], timeout_s: float) -> list[dict]:

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from data_support import assert_batches_equal, host, spy_on_to_jax
+from data_support import ReadAheadProbe, assert_batches_equal, host, spy_on_to_jax
 import jaxport.data
 import jaxport.interop
 from jaxport.data import NotResumableError
@@ -307,15 +307,17 @@ def test_prefetch_fills_the_queue_and_overlaps_with_the_step():
   assert wait_until(lambda: loader.stats().queue_depth == 2)
   loader.close()
 
-  def run(prefetch):
-    began = time.perf_counter()
-    for _ in jaxport.data.loader(slow(), prefetch=prefetch):
-      time.sleep(delay)  # the training step
-    return time.perf_counter() - began
+  def run(prefetch, wait_s):
+    probe = ReadAheadProbe(n)
 
-  serial, overlapped = run(0), run(2)
-  assert serial > 2 * n * delay * 0.95
-  assert overlapped < 0.8 * serial, (serial, overlapped)
+    def source():
+      for i in range(n):
+        probe.produced(i)
+        yield np.full(2, i)
+    return probe.steps_that_overlapped(jaxport.data.loader(source(), prefetch=prefetch), wait_s)
+
+  assert run(prefetch=2, wait_s=30.0) == [True] * (n - 1)
+  assert run(prefetch=0, wait_s=0.2) == [False] * (n - 1)
 
 
 def producing_threads(consume_s: float, n: int = 40) -> list[str]:

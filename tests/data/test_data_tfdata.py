@@ -3,7 +3,6 @@ iterator checkpoints."""
 import collections
 import itertools
 import json
-import time
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +12,7 @@ import tensorflow as tf
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from data_support import assert_batches_equal, host, spy_on_to_jax
+from data_support import ReadAheadProbe, assert_batches_equal, host, spy_on_to_jax
 import jaxport.data
 import jaxport.interop
 from jaxport.data import NotResumableError
@@ -163,27 +162,24 @@ def test_a_prefetch_stage_is_added_only_where_the_pipeline_lacks_one():
 
 
 def test_tf_data_prefetch_overlaps_with_the_step():
-  delay, n = 0.03, 8
+  n = 6
 
-  def slow(i):
-    time.sleep(delay)
-    return i
+  def run(prefetch, wait_s):
+    probe = ReadAheadProbe(n)
 
-  options = tf.data.Options()  # no asynchrony but the loader's (no injected prefetch or fusion)
-  options.experimental_optimization.apply_default_optimizations = False
-  options.experimental_optimization.inject_prefetch = False
-  ds = (tf.data.Dataset.range(n).map(lambda i: tf.py_function(slow, [i], tf.int64)).batch(1)
-        .with_options(options))
+    def make(i):
+      probe.produced(i)
+      return i
 
-  def run(prefetch):
-    began = time.perf_counter()
-    for _ in jaxport.data.loader(ds, prefetch=prefetch):
-      time.sleep(delay)  # the training step
-    return time.perf_counter() - began
+    options = tf.data.Options()  # no asynchrony but the loader's (no injected prefetch or fusion)
+    options.experimental_optimization.apply_default_optimizations = False
+    options.experimental_optimization.inject_prefetch = False
+    ds = (tf.data.Dataset.range(n).map(lambda i: tf.py_function(make, [i], tf.int64)).batch(1)
+          .with_options(options))
+    return probe.steps_that_overlapped(jaxport.data.loader(ds, prefetch=prefetch), wait_s)
 
-  serial, overlapped = run(0), run(2)
-  assert serial > 2 * n * delay * 0.95
-  assert overlapped < 0.8 * serial, (serial, overlapped)
+  assert run(prefetch=2, wait_s=30.0) == [True] * (n - 1)
+  assert run(prefetch=0, wait_s=0.2) == [False] * (n - 1)
 
 
 def test_batches_land_on_the_default_device():
