@@ -48,7 +48,12 @@ def test_a_slow_consumer_does_not_wait():
   for number, _ in enumerate(loader):
     if number == 0:
       first = loader.stats()  # the first batch is always waited for
-    time.sleep(5 * SLEEP_S)  # the training step: the prefetch thread reads meanwhile
+    # The training step: the prefetch thread reads meanwhile. The step ends once the next batch
+    # is made (not after a fixed time), so a loaded machine cannot turn this into a wait.
+    time.sleep(5 * SLEEP_S)
+    deadline = time.monotonic() + 30
+    while loader.stats().produced < min(number + 2, 8) and time.monotonic() < deadline:
+      time.sleep(SLEEP_S / 4)
   stats = loader.stats()
   assert stats.batches == 8 and stats.batches <= stats.produced <= stats.batches + 2
   # The source's time hides behind the consumer's.
