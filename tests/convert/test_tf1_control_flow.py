@@ -135,7 +135,8 @@ def test_ref_variables_assign_in_conds_and_loops():
     with tf.control_dependencies([bump]):
       scattered = V1.scatter_add(table, [0, 2], x[:2])
       loop = V1.while_loop(lambda i: i < 3, lambda i: i + 1, [0])
-    with tf.control_dependencies([scattered, loop]):
+    # y reads the ref w: ordered before the assign, or TF's executor may read either value.
+    with tf.control_dependencies([scattered, loop, y]):
       assigned = V1.assign(w, w * 2.0 + 1.0)
       out = tf.identity(y, name="out")
   assert {"VariableV2", "Assign", "AssignAdd", "ScatterAdd", "RefSwitch"} <= _ops(g)
