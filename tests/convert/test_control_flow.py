@@ -2,6 +2,7 @@
 import dataclasses
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -116,6 +117,31 @@ def test_tensor_array_read_unstack_in_loop():
     return total
 
   check(fn, X)
+
+
+def test_a_loop_reading_and_writing_tensor_arrays_has_no_index_wrapping():
+  # TF raises on an index outside [0, size): the loop index needs no negative wrap or bounds
+  # select, which would cost kernels on every step (the Keras LSTM's loop).
+  def fn(x):
+    inputs = tf.TensorArray(tf.float32, size=3).unstack(x)
+    outputs = tf.TensorArray(tf.float32, size=3)
+    for i in tf.range(3):
+      outputs = outputs.write(i, tf.tanh(inputs.read(i)))
+    return outputs.stack()
+
+  check(fn, X)
+  converted, params = jaxport.convert(fn, X)
+  jaxpr = jax.make_jaxpr(lambda x: converted(params, x)[0])(X)
+  def primitives_in(jaxpr):
+    for eqn in jaxpr.eqns:
+      yield eqn.primitive.name
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        yield from primitives_in(sub)
+
+  loop, = (e for e in jaxpr.jaxpr.eqns if e.primitive.name in ("scan", "while"))
+  primitives = set(primitives_in(loop.params["jaxpr" if loop.primitive.name == "scan" else "body_jaxpr"].jaxpr))
+  assert primitives >= {"dynamic_slice", "dynamic_update_slice"}, primitives
+  assert not primitives & {"select_n", "scatter", "lt"}, primitives
 
 
 def test_tensor_array_constant_indices_outside_loop():

@@ -79,6 +79,29 @@ def _index(i):
   return int(i) if is_concrete(i) else i
 
 
+def read_item(items, i):
+  """Element `i` of `items`. A traced index takes one dynamic-slice with no negative-index wrap:
+  TF raises on an index outside [0, size), and the wrap is a kernel per loop step."""
+  if isinstance(i, int):
+    return items[i]
+  return lax.dynamic_index_in_dim(items, i, keepdims=False, allow_negative_indices=False)
+
+
+def write_item(items, i, value, *, accumulate: bool = False):
+  """`items` with element `i` set to (or, accumulating, increased by) `value`.
+
+  A traced index takes one dynamic-update-slice (clamped like `read_item`); jnp's `.at[i]` would
+  add a negative-index wrap and an in-bounds select, 3 extra kernels per step of an LSTM. TF
+  raises on an index outside [0, size), so no valid program sees the difference.
+  """
+  value = jnp.asarray(value, items.dtype)
+  if isinstance(i, int):
+    return items.at[i].add(value) if accumulate else items.at[i].set(value)
+  if accumulate:
+    value = value + read_item(items, i)
+  return lax.dynamic_update_index_in_dim(items, value, i, 0, allow_negative_indices=False)
+
+
 @register("EmptyTensorList", structural=True)
 def empty_tensor_list(ctx, element_shape, max_num_elements):
   return TensorList(None, ctx.attr("element_dtype"), _shape_arg(element_shape), 0)
@@ -106,7 +129,7 @@ def tensor_list_set_item(ctx, lst, index, item):
   if lst.items is None:
     lst = TensorList(None, lst.dtype, _merge_shape(lst.element_shape, tuple(item.shape)), lst.size)
     lst = lst.with_items(lst.dense())
-  return lst.with_items(lst.items.at[i].set(jnp.asarray(item, lst.dtype)))
+  return lst.with_items(write_item(lst.items, i, item))
 
 
 def _resized(lst: TensorList, size: int, element_shape=None) -> TensorList:
@@ -131,10 +154,7 @@ def tensor_list_get_item(ctx, lst, index, element_shape):
   if lst.items is None and lst.known_element_shape() is None:
     lst = TensorList(None, lst.dtype, _merge_shape(lst.element_shape, _shape_arg(element_shape)), lst.size)
   items = lst.dense()
-  i = _index(index)
-  if isinstance(i, int):
-    return items[i]
-  return lax.dynamic_index_in_dim(items, i, keepdims=False)
+  return read_item(items, _index(index))
 
 
 @register("TensorListStack", structural=True)

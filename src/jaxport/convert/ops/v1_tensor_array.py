@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from jaxport.convert.ops._util import is_concrete, static_ints
-from jaxport.convert.ops.tensor_list import TensorList, _merge_shape, _resized
+from jaxport.convert.ops.tensor_list import TensorList, _merge_shape, _resized, read_item, write_item
 from jaxport.convert.registry import register
 
 _GRAD = ":grad"   # suffix of a gradient array's handle: its writes accumulate, as in TF
@@ -66,9 +65,7 @@ def tensor_array_write(ctx, handle, index, value, flow):
     flow = _resized(flow, i + 1, tuple(value.shape))
   flow = _with_shape(flow, value.shape)
   items = flow.dense()
-  if _is_grad(handle):
-    return flow.with_items(items.at[i].add(value))
-  return flow.with_items(items.at[i].set(value))
+  return flow.with_items(write_item(items, i, value, accumulate=_is_grad(handle)))
 
 
 @register("TensorArrayReadV3", structural=True)
@@ -76,7 +73,7 @@ def tensor_array_read(ctx, handle, index, flow):
   flow = _flow(ctx, flow)
   items = flow.dense()
   i = _index(index)
-  return items[i] if isinstance(i, int) else lax.dynamic_index_in_dim(items, i, keepdims=False)
+  return read_item(items, i)
 
 
 @register("TensorArrayGatherV3", structural=True)
