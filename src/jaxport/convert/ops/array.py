@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxport.convert.ops import softmax_product
 from jaxport.convert.ops._util import is_concrete, known_value, static_ints, static_value, xp
 from jaxport.convert.registry import register
 
@@ -427,7 +428,7 @@ def select(ctx, condition, t, e):
 
 @register("SelectV2")
 def select_v2(ctx, condition, t, e):
-  return xp(condition, t, e).where(condition, t, e)
+  return softmax_product.remember_masked(ctx, xp(condition, t, e).where(condition, t, e), condition, t, e)
 
 
 @register("OneHot")

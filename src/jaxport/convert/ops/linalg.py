@@ -1,9 +1,12 @@
 """Op rules: matrix products."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import numpy as np
 
+from jaxport.convert.ops import softmax_product
 from jaxport.convert.ops._util import is_concrete, xp
 from jaxport.convert.registry import register
 
@@ -27,26 +30,44 @@ def _matmul(a, b, out_dtype):
   return _to_dtype(m.matmul(_to_dtype(a, out_dtype), _to_dtype(b, out_dtype)), out_dtype)
 
 
+def _product(ctx, a, b, transpose_a: bool, transpose_b: bool, conjugate: bool, out_dtype):
+  """op(a) @ op(b); a Softmax operand whose axis the product sums over is normalised after it."""
+  if a.dtype == out_dtype == b.dtype:
+    product = functools.partial(_matmul, out_dtype=out_dtype)
+    deferred = None
+    if not transpose_a:
+      deferred = softmax_product.matmul(
+          ctx, a, _matrix_transpose(b, conjugate) if transpose_b else b, product)
+    if deferred is None and transpose_b:
+      deferred = softmax_product.matmul_transposed_b(
+          ctx, _matrix_transpose(a, conjugate) if transpose_a else a, b, product)
+    if deferred is not None:
+      return deferred
+  if transpose_a:
+    a = _matrix_transpose(a, conjugate)
+  if transpose_b:
+    b = _matrix_transpose(b, conjugate)
+  return _matmul(a, b, out_dtype)
+
+
 @register("MatMul")
 def matmul(ctx, a, b):
-  if ctx.attr("transpose_a", False):
-    a = _matrix_transpose(a, conjugate=False)
-  if ctx.attr("transpose_b", False):
-    b = _matrix_transpose(b, conjugate=False)
-  return _matmul(a, b, a.dtype)
+  return _product(ctx, a, b, ctx.attr("transpose_a", False), ctx.attr("transpose_b", False),
+                  conjugate=False, out_dtype=a.dtype)
 
 
 @register("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
 def batch_matmul(ctx, x, y):
   """`adj_x`/`adj_y` take the conjugate transpose; V3 multiplies in (and returns) `Tout`."""
-  if ctx.attr("adj_x", False):
-    x = _matrix_transpose(x, conjugate=True)
-  if ctx.attr("adj_y", False):
-    y = _matrix_transpose(y, conjugate=True)
-  return _matmul(x, y, ctx.attr("Tout", x.dtype))
+  return _product(ctx, x, y, ctx.attr("adj_x", False), ctx.attr("adj_y", False), conjugate=True,
+                  out_dtype=ctx.attr("Tout", x.dtype))
 
 
 @register("Einsum")
 def einsum(ctx, *operands):
+  equation = ctx.attr("equation")
+  deferred = softmax_product.einsum(ctx, equation, operands)
+  if deferred is not None:
+    return _to_dtype(deferred, operands[0].dtype)
   m = xp(*operands)
-  return _to_dtype(m.einsum(ctx.attr("equation"), *operands), operands[0].dtype)
+  return _to_dtype(m.einsum(equation, *operands), operands[0].dtype)

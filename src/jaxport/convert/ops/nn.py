@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxport.convert.ops import conv_lowering
+from jaxport.convert.ops import conv_lowering, softmax_product
 from jaxport.convert.ops._util import static_ints
 from jaxport.convert.registry import register
 
@@ -422,7 +422,8 @@ def bias_add_grad(ctx, out_backprop):
 
 @register("Softmax")
 def softmax(ctx, logits):
-  return jax.nn.softmax(jnp.asarray(logits), axis=-1)
+  logits = jnp.asarray(logits)
+  return softmax_product.remember(ctx, jax.nn.softmax(logits, axis=-1), logits)
 
 
 @register("LogSoftmax")
