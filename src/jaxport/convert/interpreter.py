@@ -28,7 +28,7 @@ class Runtime:
     self.state = state          # variable key -> current value; assigns update it
     self.rng = rng                # split per loop iteration by control flow
     self.custom_gradients = custom_gradients or {}   # id(IdentityN node) -> CustomGradient
-    self.softmax_logits: dict[int, tuple] = {}   # id(Softmax result) -> (result, logits); ops/softmax_product
+    self.softmax_logits: dict[int, tuple] = {}   # id(Softmax result) -> (result, logits, keep); ops/softmax_product
 
   def read_variable(self, ref: VariableRef):
     try:

@@ -34,15 +34,11 @@ def _product(ctx, a, b, transpose_a: bool, transpose_b: bool, conjugate: bool, o
   """op(a) @ op(b); a Softmax operand whose axis the product sums over is normalised after it."""
   if a.dtype == out_dtype == b.dtype:
     product = functools.partial(_matmul, out_dtype=out_dtype)
-    deferred = None
-    if not transpose_a:
-      deferred = softmax_product.matmul(
-          ctx, a, _matrix_transpose(b, conjugate) if transpose_b else b, product)
-    if deferred is None and transpose_b:
-      deferred = softmax_product.matmul_transposed_b(
+    if not transpose_a and softmax_product.factors_of(ctx, a) is not None:
+      return softmax_product.matmul(ctx, a, _matrix_transpose(b, conjugate) if transpose_b else b, product)
+    if transpose_b and softmax_product.factors_of(ctx, b) is not None:
+      return softmax_product.matmul_transposed_b(
           ctx, _matrix_transpose(a, conjugate) if transpose_a else a, b, product)
-    if deferred is not None:
-      return deferred
   if transpose_a:
     a = _matrix_transpose(a, conjugate)
   if transpose_b:
