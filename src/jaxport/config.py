@@ -7,6 +7,7 @@ import contextlib
 from typing import Any, Iterator
 
 import jax
+import numpy as np
 
 from jaxport.errors import ConfigError
 
@@ -36,6 +37,9 @@ _SCHEMA: dict[str, tuple[Any, Any, str]] = {
     "allow_xla_lowering": (True, bool, "ops without a native rule may use TF's XLA lowering"),
     "allow_host_callback": (True, bool, "ops no other tier takes may call TF on the host"),
     "force_tier": (None, TIERS, "route every op that tier can take through it"),
+    # Constant folding (the converter and the StableHLO interpreter).
+    "max_constant_bytes": (1 << 20, int, "the largest array (in bytes) folded into a constant at conversion; "
+                           "larger results of constant inputs (shape-only masks) stay ops in the traced function"),
 }
 _DEFAULTS: dict[str, Any] = {key: spec[0] for key, spec in _SCHEMA.items()}
 _config: dict[str, Any] = dict(_DEFAULTS)
@@ -52,6 +56,10 @@ def _check_value(key: str, value: Any) -> Any:
     if isinstance(value, bool):
       return value
     raise ConfigError(f"config key {key!r} takes True or False, got {value!r} ({type(value).__name__})")
+  if allowed is int:   # a bool is an int to Python, not a size
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and value >= 0:
+      return int(value)
+    raise ConfigError(f"config key {key!r} takes a non-negative int, got {value!r} ({type(value).__name__})")
   if isinstance(value, jax.lax.Precision):   # resize_bilinear_precision: as tf2jax, a Precision too
     value = value.name.lower()
   if value not in allowed:
@@ -62,6 +70,11 @@ def _check_value(key: str, value: Any) -> Any:
 def get_config(key: str) -> Any:
   _check_key(key)
   return _config[key]
+
+
+def max_constant_bytes() -> int:
+  """The `max_constant_bytes` limit: no constant over it is folded at conversion."""
+  return _config["max_constant_bytes"]
 
 
 def update_config(key: str, value: Any) -> None:

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxport.convert.stablehlo.elementwise import canon, is_const
-from jaxport.convert.stablehlo.interpreter import handler, run_block
+from jaxport.convert.stablehlo.elementwise import ELEMENTWISE_OPS, canon, is_const
+from jaxport.convert.stablehlo.interpreter import handler, handler_for, run_block
 from jaxport.convert.stablehlo.module import Block
 
 
@@ -124,6 +124,11 @@ def call(ctx, *args):
 
 @handler("stablehlo.composite")
 def composite(ctx, *args):
+  """A composite named after an elementwise op (jax writes `chlo.erf`, `chlo.sinh`, ...) runs as that op, so
+  its value and derivative are lax's own; others run their decomposition."""
+  name = ctx.attrs.get("name", "")
+  if name in ELEMENTWISE_OPS:
+    return handler_for(name)(ctx, *args)
   return ctx.call.call_function(ctx.attr("decomposition"), args)
 
 

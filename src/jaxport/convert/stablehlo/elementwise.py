@@ -19,11 +19,24 @@ def is_const(x) -> bool:
 
 
 def canon(x):
-  """A NumPy constant in the dtype JAX will use (64-bit narrows without x64), else `x`."""
+  """A NumPy constant in the dtype JAX will use (64-bit narrows without x64), else `x`. A large broadcast
+  view (a splat constant) becomes a broadcast of its distinct values: an op under jit, not a constant."""
   if is_const(x):
     dtype = jax.dtypes.canonicalize_dtype(x.dtype)
+    if x.ndim and 0 in x.strides and x.nbytes > _VIEW_BYTES:
+      compact = x[tuple(slice(0, 1) if stride == 0 else slice(None) for stride in x.strides)]
+      return jnp.broadcast_to(np.ascontiguousarray(compact, dtype), x.shape)
     return x if x.dtype == dtype else np.asarray(x).astype(dtype)
   return x
+
+
+def staged(x):
+  """`x` as an operand that takes a handler's lax path (under jit an op, never a folded constant)."""
+  x = canon(x)
+  return jnp.asarray(x) if is_const(x) else x
+
+
+_VIEW_BYTES = 4096
 
 
 def jax_dtype(t: TensorType):
@@ -34,8 +47,14 @@ def _all_const(xs) -> bool:
   return all(is_const(x) for x in xs)
 
 
+# Ops that map equal-shaped operands element by element (their handlers below); see `regions`.
+ELEMENTWISE_OPS: set[str] = {"stablehlo.convert", "stablehlo.compare", "stablehlo.select", "stablehlo.clamp",
+                             "stablehlo.reduce_precision"}
+
+
 def _register(name: str, lax_fn, np_fn=None):
   """`name` computes `np_fn` on constants (when given) and `lax_fn` otherwise."""
+  ELEMENTWISE_OPS.add(name)
   def rule(ctx, *xs):
     if np_fn is not None and _all_const(xs):
       with np.errstate(all="ignore"):

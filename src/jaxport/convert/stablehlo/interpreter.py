@@ -29,6 +29,11 @@ def handler(*names: str):
   return decorator
 
 
+def handler_for(name: str) -> Callable | None:
+  """The handler registered for op `name`, if any."""
+  return _HANDLERS.get(name)
+
+
 def handled_ops() -> frozenset[str]:
   _load()
   return frozenset(_HANDLERS)
@@ -115,31 +120,56 @@ class OpContext:
 def run_block(block: Block, args: list, call: Call, parent: Env | None) -> list:
   if len(args) != len(block.args):
     raise StableHLOError(f"a block of module {call.name!r} takes {len(block.args)} arguments, got {len(args)}")
+  from jaxport.convert.stablehlo.regions import block_regions, run_region
   env = Env(parent)
   env.values.update(zip(block.args, args))
+  regions, in_regions = block_regions(block, call.module)
+  run = lambda op, env_: _run_op(op, env_, call)
   for op in block.ops:
-    fn = _HANDLERS.get(op.name)
-    if fn is None:
-      raise StableHLOError(f"StableHLO op {op.name} (in module {call.name!r}) cannot be interpreted; "
-                           "please report it with the module")
-    operands = [env[v] for v in op.operands]
-    try:
-      out = fn(OpContext(op, call, env), *operands)
-    except StableHLOError:
-      raise
-    except Exception as e:
-      if not getattr(e, "_jaxport_noted", False):
-        e.add_note(f"while interpreting {op.name} in StableHLO module {call.name!r}")
-        e._jaxport_noted = True
-      raise
-    if len(op.results) == 1 and not isinstance(out, list):
-      out = [out]
-    out = list(out)
-    if len(out) != len(op.results):
-      raise StableHLOError(f"{op.name} handler gave {len(out)} results, expected {len(op.results)}")
-    for vid, value, rtype in zip(op.results, out, op.result_types):
-      env.values[vid] = _as_result(value, rtype)
+    region = regions.get(id(op))
+    if region is not None:
+      run_region(region, env, run)
+    if id(op) not in in_regions:
+      run(op, env)
   return [env[v] for v in block.returns]
+
+
+def _run_op(op: Op, env: Env, call: Call) -> None:
+  fn = _HANDLERS.get(op.name)
+  if fn is None:
+    raise StableHLOError(f"StableHLO op {op.name} (in module {call.name!r}) cannot be interpreted; "
+                         "please report it with the module")
+  operands = [env[v] for v in op.operands]
+  if operands and all(isinstance(x, (np.ndarray, np.generic)) for x in operands) and _too_big(op):
+    from jaxport.convert.stablehlo.elementwise import staged
+    operands = [staged(x) for x in operands]   # computed by XLA where it runs, not folded into a constant
+  try:
+    out = fn(OpContext(op, call, env), *operands)
+  except StableHLOError:
+    raise
+  except Exception as e:
+    if not getattr(e, "_jaxport_noted", False):
+      e.add_note(f"while interpreting {op.name} in StableHLO module {call.name!r}")
+      e._jaxport_noted = True
+    raise
+  if len(op.results) == 1 and not isinstance(out, list):
+    out = [out]
+  out = list(out)
+  if len(out) != len(op.results):
+    raise StableHLOError(f"{op.name} handler gave {len(out)} results, expected {len(op.results)}")
+  for vid, value, rtype in zip(op.results, out, op.result_types):
+    env.values[vid] = _as_result(value, rtype)
+
+
+def _too_big(op: Op) -> bool:
+  """Whether `op`'s results, computed from constants, would exceed the `max_constant_bytes` limit."""
+  from jaxport import config
+  size = 0
+  for t in op.result_types:
+    if isinstance(t.dtype, str) or not t.is_static:
+      return False
+    size += int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize
+  return size > config.max_constant_bytes()
 
 
 def _as_result(value, rtype: TensorType):

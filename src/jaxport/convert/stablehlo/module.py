@@ -319,6 +319,8 @@ def decode_elements(a) -> np.ndarray:
   """A dense elements attribute as a NumPy array of its element type."""
   t = decode_type(a.type)
   shape = tuple(t.shape)
+  if getattr(a, "is_splat", False) and int(np.prod(shape)) > 1:   # one value: a read-only broadcast view
+    return np.broadcast_to(_parse_dense(str(a), t.dtype, ()), shape)
   try:
     arr = np.array(a)
     if arr.dtype == t.dtype or (t.dtype == np.bool_ and arr.dtype == np.bool_):
