@@ -107,3 +107,24 @@ def test_xla_flags_line_sets_the_options_process_wide():
   result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
   assert "FUSIONS 0" in result.stdout, result.stdout
+
+
+def test_a_loaded_conv_net_gets_the_same_options(conv_net, tmp_path):
+  jax_fn, params, x = conv_net
+  jaxport.export(jax_fn, params, path=tmp_path / "net", platforms=("cpu",))
+  loaded, loaded_params = jaxport.load(tmp_path / "net")
+  assert loaded.has_convolutions
+  for form in (loaded, loaded.outputs_only, loaded.with_changed_params, loaded.returning("outputs")):
+    assert xla_options.compiler_options(form) == xla_options.CONV_NET_CPU_OPTIONS
+  step = jaxport.jit(loaded.outputs_only)
+  hlo = step.lower(loaded_params, x).compile().as_text()
+  assert _library_fusions(hlo) == 0
+  np.testing.assert_allclose(step(loaded_params, x), jax_fn.outputs_only(params, x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_loaded_function_without_convolutions_keeps_xla_defaults(tmp_path):
+  jax_fn, params = _converted(lambda a, b: tf.nn.relu(tf.matmul(a, b)), np.ones((2, 3), np.float32),
+                              np.ones((3, 4), np.float32))
+  jaxport.export(jax_fn, params, path=tmp_path / "mlp", platforms=("cpu",))
+  loaded, _ = jaxport.load(tmp_path / "mlp")
+  assert not loaded.has_convolutions and xla_options.compiler_options(loaded.outputs_only) == {}

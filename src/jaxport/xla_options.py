@@ -39,11 +39,10 @@ def _accepted(options: tuple[tuple[str, Any], ...]) -> bool:
 
 
 def _is_conv_net(fun: Callable) -> bool:
-  """Whether `fun` is a converted function (or one of its call forms) whose graph has convolutions."""
-  from jaxport.convert.registry import ops_where
+  """Whether `fun` is a converted function or loaded artifact (or one of their call forms) with convolutions."""
+  from jaxport.call_forms import CallForms
   owner = getattr(fun, "__self__", fun)   # f.outputs_only, f.with_changed_params
-  op_types = getattr(owner, "op_types", None)
-  return isinstance(op_types, frozenset) and not op_types.isdisjoint(ops_where(convolution=True))
+  return isinstance(owner, CallForms) and owner.has_convolutions
 
 
 def compiler_options(fun: Callable | None = None) -> dict[str, Any]:
@@ -63,8 +62,8 @@ def xla_flags_line(options: dict[str, Any] | None = None) -> str:
 def jit(fun: Callable, /, **jit_kwargs) -> Callable:
   """`jax.jit(fun, **jit_kwargs)` with the XLA options measured fastest for `fun`.
 
-  A converted function (or `f.outputs_only`, `f.with_changed_params`, `f.returning(...)`) whose
-  graph has convolutions compiles with `CONV_NET_CPU_OPTIONS`; anything else with XLA's defaults.
+  A converted function or loaded artifact (or `f.outputs_only`, `f.with_changed_params`,
+  `f.returning(...)`) whose graph has convolutions compiles with `CONV_NET_CPU_OPTIONS`; anything else with XLA's defaults.
   Options the caller passes in `compiler_options` win over jaxport's.
   """
   options = {**compiler_options(fun), **(jit_kwargs.pop("compiler_options", None) or {})}

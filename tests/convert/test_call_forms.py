@@ -144,3 +144,23 @@ def test_a_loop_that_assigns_reports_what_it_carries():
   assert "v" in changed and set(changed) <= set(params)
   for k in changed:
     np.testing.assert_array_equal(changed[k], new_params[k])
+
+
+def test_a_loaded_artifact_has_the_same_call_forms(train, tmp_path):
+  fn, params = train
+  jaxport.export(fn, params, path=tmp_path / "bn", platforms=("cpu",))
+  loaded, loaded_params = jaxport.load(tmp_path / "bn")
+  outputs, new_params = fn(params, X)
+  _, changed = fn.with_changed_params(params, X)
+  assert set(changed) == set(moving_keys(params))
+
+  got, got_changed = jax.jit(loaded.with_changed_params)(loaded_params, X)
+  assert list(got_changed) == [k for k in loaded.param_keys if k in changed]   # param_keys order
+  assert_close(got, outputs, 1e-5, 1e-5, "loaded with_changed_params outputs")
+  assert_close(got_changed, changed, 1e-5, 1e-5, "loaded changed params")
+  assert_close(jax.jit(loaded.outputs_only)(loaded_params, X), outputs, 1e-5, 1e-5, "loaded outputs_only")
+  all_out, all_params = jax.jit(loaded.returning("all"))(loaded_params, X)
+  assert set(all_params) == set(params)
+  assert_close(all_params, new_params, 1e-5, 1e-5, "loaded new params")
+  with pytest.raises(UnsupportedValueError, match="not one of"):
+    loaded.returning("everything")

@@ -16,16 +16,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxport.artifact import _manifest as mf
+from jaxport.call_forms import CallForms
 from jaxport.errors import (ArtifactError, DtypeMismatchError, MissingInputError, ShapeMismatchError,
                             StableHLOError)
 
 
-class LoadedFunction:
+class LoadedFunction(CallForms):
   """`fn(params, *args, rng=None, **kwargs) -> (outputs, new_params)`, read from an artifact.
 
-  Attributes, as on a converted function: `param_keys`, `trainable` (name -> flag), `requires_rng`;
-  and `platforms`, `manifest` (the checked JSON), `exported` (the `jax.export.Exported`, whose
-  `call` runs the same function through XLA's own deserializer), `path`.
+  Attributes, as on a converted function: `param_keys`, `trainable` (name -> flag), `requires_rng`,
+  the call forms `fn.outputs_only`, `fn.with_changed_params` and `fn.returning(form)`, and
+  `has_convolutions` (`jaxport.jit` picks its XLA options from it); and `platforms`, `manifest`
+  (the checked JSON), `exported` (the `jax.export.Exported`, whose `call` runs the same function
+  through XLA's own deserializer), `path`.
   """
 
   def __init__(self, path: str, manifest: mf.Manifest, exported, module, platform: str | None):
@@ -68,7 +71,11 @@ class LoadedFunction:
       flat.append(self._rng(rng))
     return flat
 
-  def __call__(self, params, *args, rng=None, **kwargs):
+  @property
+  def has_convolutions(self) -> bool:
+    return "stablehlo.convolution" in self._module.op_names()
+
+  def _run(self, form: str, params, args, kwargs, rng):
     flat = self.flat_inputs(params, *args, rng=rng, **kwargs)
     lead = [np.asarray(self.platform_index(), np.int32)] if len(self.platforms) > 1 else []
     from jaxport.convert import stablehlo
@@ -76,9 +83,10 @@ class LoadedFunction:
     outs = [jnp.asarray(o) for o in outs]
     n_out = len(self._m.outputs)
     outputs = self._m.output_structure.unflatten(outs[:n_out])
-    new_params = dict(params)
-    new_params.update(zip(self._m.state_outputs, outs[n_out:]))
-    return outputs, new_params
+    if form == "outputs":
+      return outputs
+    changed = dict(zip(self._m.state_outputs, outs[n_out:]))
+    return outputs, (changed if form == "changed" else {**params, **changed})
 
   def _array(self, x, spec: mf.ArraySpec, what: str, batch: dict | None):
     x = x if isinstance(x, jax.Array) else jnp.asarray(x)

@@ -10,6 +10,7 @@ import numpy as np
 import tree
 
 from jaxport import config as _config
+from jaxport.call_forms import CallForms
 from jaxport.convert import custom_gradient
 from jaxport.convert.graph import FuncAttr, GraphFunction, Library, decode_nodes
 from jaxport.convert.interpreter import Runtime, VariableRef, run_function
@@ -34,7 +35,7 @@ class Variable(np.ndarray):
     self.trainable = getattr(obj, "trainable", True)
 
 
-class ConvertedFunction:
+class ConvertedFunction(CallForms):
   """`f(params, *args, rng=None, **kwargs) -> (outputs, new_params)`.
 
   Attributes: `params` holds the initial values (as `Variable`s), `trainable`
@@ -72,20 +73,6 @@ class ConvertedFunction:
     self.requires_rng = requires_rng
     self.__name__ = name
 
-  def __call__(self, params, *args, rng=None, **kwargs):
-    """`(outputs, new_params)`: every param, the assigned ones updated."""
-    return self._run("all", params, args, kwargs, rng)
-
-  def with_changed_params(self, params, *args, rng=None, **kwargs):
-    """`(outputs, changed)`: only the params this call assigned, in `param_keys` order, so
-    `params = {**params, **changed}` updates them. Inference graphs return `{}`; a loop or conditional
-    that assigns a variable carries every param through it, and those all count as changed."""
-    return self._run("changed", params, args, kwargs, rng)
-
-  def outputs_only(self, params, *args, rng=None, **kwargs):
-    """The outputs alone; variable updates are dropped (use `with_changed_params` to keep them)."""
-    return self._run("outputs", params, args, kwargs, rng)
-
   @property
   def op_types(self) -> frozenset[str]:
     """The TF op types of the converted graph and its functions."""
@@ -94,13 +81,10 @@ class ConvertedFunction:
                                                | self._library.op_types())
     return self._graph.memo["op_types"]
 
-  def returning(self, form: str) -> Callable:
-    """The call form named `form`: "all" (`self`), "changed" or "outputs"."""
-    forms = {"all": self, "changed": self.with_changed_params, "outputs": self.outputs_only}
-    if form not in forms:
-      raise UnsupportedValueError(f"call form {form!r} is not one of {sorted(forms)}; pick \"all\" for "
-                                  "(outputs, new_params), \"changed\" for (outputs, changed) or \"outputs\".")
-    return forms[form]
+  @property
+  def has_convolutions(self) -> bool:
+    """Whether the graph has convolutions (`jaxport.jit` then compiles with `xla_options.CONV_NET_CPU_OPTIONS`)."""
+    return not self.op_types.isdisjoint(ops_where(convolution=True))
 
   def _run(self, form: str, params, args, kwargs, rng):
     mismatches = self._signature.static_mismatches(args, kwargs)
