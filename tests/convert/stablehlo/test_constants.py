@@ -3,6 +3,7 @@ one value, and results of constant operands over the limit are computed by XLA, 
 import jax
 import keras
 import numpy as np
+import pytest
 
 import jaxport
 from jaxport import config
@@ -56,3 +57,21 @@ def test_a_jitted_loaded_artifact_captures_no_constant_over_the_limit(tmp_path):
   inner = closed.eqns[0].params["jaxpr"]   # the jit's own computation
   assert _largest_constant(inner) <= LIMIT and _largest_constant(closed) <= LIMIT
   np.testing.assert_allclose(jax.jit(loaded.outputs_only)(loaded_params, x), model(x).numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_jitted_loaded_keras_hub_vit_captures_no_constant_over_the_limit(tmp_path):
+  keras_hub = pytest.importorskip("keras_hub")
+  if keras.backend.backend() != "tensorflow":
+    pytest.skip("converts a TF graph: needs KERAS_BACKEND=tensorflow")
+  keras.utils.set_random_seed(0)
+  model = keras_hub.models.ViTBackbone(image_shape=(32, 32, 3), patch_size=8, num_layers=2, num_heads=2,
+                                       hidden_dim=32, mlp_dim=64)
+  images = np.random.RandomState(0).uniform(-1, 1, (320, 32, 32, 3)).astype(np.float32)   # 1.4 MB MLP activations
+  jax_fn, params = jaxport.convert(model, images)
+  jaxport.export(jax_fn, params, path=tmp_path / "vit", platforms=("cpu",))
+  loaded, loaded_params = jaxport.load(tmp_path / "vit")
+  closed = jax.make_jaxpr(jax.jit(loaded.outputs_only))(loaded_params, images)
+  assert _largest_constant(closed.eqns[0].params["jaxpr"]) <= LIMIT
+  out = jax.jit(loaded.outputs_only)(loaded_params, images[:320])
+  np.testing.assert_allclose(out, model(images, training=False).numpy(), rtol=1e-4, atol=1e-4)
