@@ -54,6 +54,7 @@ def test_second_derivative_of_exact_gelu():
 def test_region_is_one_custom_jvp_call_and_other_users_still_see_its_values():
   # |x| is read by the region's select and, later, by a reduction outside it.
   def f(x):
+    x = jnp.asarray(x)
     y = jnp.where(jnp.abs(x) < 1, jnp.sqrt(jnp.abs(x)), 1 / x)
     return y * 2, jnp.sum(jnp.abs(x))
   x = np.array([0.0, 0.5, -2.0, 4.0], np.float32)

@@ -48,7 +48,14 @@ def block_regions(block: Block, module: Module | None = None) -> tuple[dict[int,
 
 
 def _elementwise_functions(module: Module) -> set[str]:
-  """Names of the functions whose ops are all elementwise (or constants, or calls of such functions)."""
+  """Names of the functions whose ops are all elementwise (or constants, or calls of such functions); cached."""
+  found = getattr(module, "_jaxport_elementwise_functions", None)
+  if found is None:
+    found = module._jaxport_elementwise_functions = _find_elementwise_functions(module)
+  return found
+
+
+def _find_elementwise_functions(module: Module) -> set[str]:
   found: set[str] = set()
   changed = True
   while changed:
