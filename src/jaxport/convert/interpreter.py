@@ -2,14 +2,18 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import zlib
 from typing import Any
 
 import jax
+import numpy as np
 
+from jaxport import config as _config
 from jaxport.convert.graph import GraphFunction, Library, Node
+from jaxport.convert.registry import Tier, get_rule
 from jaxport.convert.tiers import node_rule
-from jaxport.errors import MissingInputError
+from jaxport.errors import DynamicShapeError, MissingInputError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +33,7 @@ class Runtime:
     self.rng = rng                # split per loop iteration by control flow
     self.custom_gradients = custom_gradients or {}   # id(IdentityN node) -> CustomGradient
     self.softmax_logits: dict[int, tuple] = {}   # id(Softmax result) -> (result, logits, keep); ops/softmax_product
+    self.deferred: dict[int, tuple] = {}   # id(constant staged for its size) -> (value, thunk of its NumPy value)
 
   def read_variable(self, ref: VariableRef):
     try:
@@ -44,6 +49,7 @@ class Runtime:
     """A runtime for a nested trace (a loop body or cond branch)."""
     child = Runtime(self.library, self.config, self.state if state is None else state,
                     self.rng if rng is ... else rng, self.custom_gradients)
+    child.deferred = self.deferred
     return child
 
   def call(self, fn_name: str, args) -> list:
@@ -108,7 +114,7 @@ def run_function(fn: GraphFunction, args: list, runtime: Runtime) -> list:
       from jaxport.errors import UnsupportedOperationsError
       raise UnsupportedOperationsError({node.op: [node.name]})
     try:
-      out = rule(OpContext(node, runtime), *inputs)
+      out = _run_node(rule, OpContext(node, runtime), inputs)
     except Exception as e:
       if not getattr(e, "_jaxport_noted", False):
         e.add_note(f"while converting {node.op} node {node.name!r} in {fn.name!r}")
@@ -123,3 +129,152 @@ def run_function(fn: GraphFunction, args: list, runtime: Runtime) -> list:
 def _call_library_op(ctx: OpContext, *args):
   return ctx.runtime.call(ctx.op, args)
 
+
+# --------------------------------------------------------------------------- bounded constant folding
+# A native rule whose inputs are all trace-time constants computes in NumPy, and its result becomes a
+# constant of the traced function. Results over the `max_constant_bytes` config key are staged instead:
+# the rule runs on the same values as concrete jax Arrays, so `static_value` still reads shapes and
+# axes while the data ops (iota, broadcast, compare, select) stay in the jaxpr for XLA to fuse.
+
+# Ops whose result has at most as many elements as the product of their inputs' sizes (elementwise
+# math, shape arithmetic, slicing, products): small constant inputs bound the result without tracing
+# the rule. So do the scalar inputs of any op, by their magnitudes (Range, OneHot, LinSpace); every
+# other node of constants is traced abstractly first.
+_SIZE_BOUNDED = frozenset({
+    "Shape", "ShapeN", "Size", "Rank", "BroadcastArgs", "BroadcastGradientArgs", "ConcatOffset",
+    "Reshape", "Squeeze", "ExpandDims", "Transpose", "Pack", "Unpack", "ConcatV2", "Concat", "Split",
+    "SplitV", "Slice", "StridedSlice", "GatherV2", "Gather", "GatherNd", "Select", "SelectV2", "Cast",
+    "ReverseV2", "Roll", "Unique", "TopKV2", "Add", "AddV2", "AddN", "Sub", "Mul", "Div", "RealDiv",
+    "DivNoNan", "FloorDiv", "FloorMod", "Mod", "TruncateDiv", "TruncateMod", "Maximum", "Minimum", "Neg",
+    "Abs", "Sign", "Floor", "Ceil", "Round", "Rint", "Sqrt", "Rsqrt", "Square", "SquaredDifference",
+    "Reciprocal", "Inv", "Pow", "Exp", "Expm1", "Log", "Log1p", "Sin", "Cos", "Tan", "Tanh", "Sigmoid",
+    "Erf", "Atan2", "Relu", "Relu6", "Elu", "Selu", "Softplus", "Softmax", "LogSoftmax", "IsNan",
+    "IsInf", "IsFinite", "Equal", "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual",
+    "LogicalAnd", "LogicalOr", "LogicalNot", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Invert",
+    "LeftShift", "RightShift", "Sum", "Prod", "Max", "Min", "Mean", "All", "Any", "ArgMax", "ArgMin",
+    "Cumsum", "Cumprod", "ZerosLike", "OnesLike", "MatMul", "BatchMatMul", "BatchMatMulV2",
+    "BatchMatMulV3", "Einsum",
+})
+_BYTES_PER_ELEMENT = 8   # the bounds' itemsize (complex128 results are caught after folding)
+
+
+def _is_constant(x) -> bool:
+  return isinstance(x, (np.ndarray, np.generic, int, float, bool))
+
+
+def _foldable(rule, op: str) -> bool:
+  """A native rule without effects or graph structure (the rules constant folding applies to)."""
+  spec = get_rule(op)
+  return (spec is not None and spec.fn is rule and spec.tier == Tier.NATIVE
+          and not (spec.stateful or spec.structural))
+
+
+def _run_node(rule, ctx: OpContext, inputs: list):
+  deferred = ctx.runtime.deferred
+  if not inputs or not all(_is_constant(x) or id(x) in deferred for x in inputs) or not _foldable(rule, ctx.op):
+    return rule(ctx, *inputs)
+  if any(not _is_constant(x) for x in inputs):
+    return _run_deferred(rule, ctx, inputs, deferred)
+  limit = ctx.config.get("max_constant_bytes")
+  limit = _config.get_config("max_constant_bytes") if limit is None else limit
+  lifted, bound = None, _bound(ctx.op, inputs)
+  if bound is None or bound > limit:
+    lifted = _lift(inputs)
+    if lifted is not None and _largest(_abstract(rule, ctx, lifted)) > limit:
+      return _defer(rule(ctx, *lifted), lambda: rule(ctx, *inputs), deferred)
+  out = rule(ctx, *inputs)
+  if _largest(out, numpy_only=True) > limit:   # the bound missed (the rule could not be traced)
+    lifted = lifted if lifted is not None else _lift(inputs)
+    if lifted is not None:
+      try:
+        return _defer(rule(ctx, *lifted), lambda: rule(ctx, *inputs), deferred)
+      except Exception:  # noqa: BLE001 -- the rule needs NumPy here: keep the folded constant
+        pass
+  return out
+
+
+# What a rule raises when it needs the values of a traced input.
+_NEEDS_VALUES = (DynamicShapeError, jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
+                 jax.errors.TracerIntegerConversionError, jax.errors.TracerBoolConversionError)
+
+
+def _run_deferred(rule, ctx: OpContext, inputs: list, deferred: dict):
+  """A node of constants, some of them staged for their size: staged too, unless a shape needs them."""
+  def folded():
+    return rule(ctx, *[deferred[id(x)][1]() if id(x) in deferred else x for x in inputs])
+  try:
+    out = rule(ctx, *inputs)
+  except _NEEDS_VALUES:   # a shape depends on the values: fold them after all (as without the limit)
+    return folded()
+  return _defer(out, folded, deferred)
+
+
+def _defer(out, thunk, deferred: dict):
+  """Records `out`'s arrays as constants staged for their size, with the thunk folding them to NumPy."""
+  several = isinstance(out, (tuple, list))
+  folded = []   # the thunk's result, computed once and only if a shape needs it
+
+  def value(i: int):
+    if not folded:
+      folded.append(thunk())
+    return np.asarray(folded[0][i] if several else folded[0])
+  for i, leaf in enumerate(out if several else [out]):
+    if isinstance(leaf, jax.Array):
+      deferred[id(leaf)] = (leaf, functools.partial(value, i))
+  return out
+
+
+def _bound(op: str, inputs) -> int | None:
+  """An upper bound on the bytes of the node's result (roughly: scalars' magnitudes); None if unknown."""
+  if op in _SIZE_BOUNDED:
+    factors = [np.size(x) for x in inputs]
+  elif all(np.size(x) == 1 for x in inputs):
+    factors = [_magnitude(x) for x in inputs]
+  else:
+    return None
+  bound = _BYTES_PER_ELEMENT
+  for f in factors:
+    bound *= max(1, f)
+  return bound
+
+
+def _magnitude(x) -> float:
+  """|x| for a count or limit, 1/|x| for a step (Range's delta); 1 for anything else."""
+  x = np.asarray(x).reshape(())
+  if x.dtype.kind in "iu":
+    return abs(int(x))
+  if x.dtype.kind == "f" and np.isfinite(x) and x != 0:
+    return max(abs(float(x)), 1 / abs(float(x)))
+  return 1 if x.dtype.kind in "bf" else np.inf
+
+
+def _lift(inputs) -> list | None:
+  """The constants as concrete jax Arrays (outside any trace); None when one has no jax dtype."""
+  if any(np.asarray(x).dtype.kind in "OSUV" for x in inputs):
+    return None
+  with jax.ensure_compile_time_eval():   # a transfer, not an op: no tracer even inside jit
+    return [jax.device_put(x) for x in inputs]
+
+
+def _abstract(rule, ctx: OpContext, lifted: list):
+  """The shapes and dtypes of the rule's results, traced without computing; None if it cannot be."""
+  try:
+    return jax.eval_shape(lambda: rule(ctx, *lifted))
+  except Exception:  # noqa: BLE001 -- the rule raises or returns non-arrays: decide after folding
+    return None
+
+
+def _largest(out, numpy_only: bool = False) -> int:
+  """The bytes of the largest array in `out` (a result or its eval_shape)."""
+  leaves = out if isinstance(out, (tuple, list)) else [out]
+  sizes = [0]
+  for leaf in leaves:
+    if numpy_only and not isinstance(leaf, np.ndarray):
+      continue
+    shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+    if shape is not None and dtype is not None and not isinstance(dtype, str):
+      try:
+        sizes.append(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+      except TypeError:   # an extended dtype (PRNG keys)
+        continue
+  return max(sizes)

@@ -541,6 +541,7 @@ def invert_permutation(ctx, x):
 def range_(ctx, start, limit, delta):
   """TF's Range, computed in `Tidx` like its kernel: the length, then `start + i * delta`."""
   dtype = np.dtype(ctx.attr("Tidx"))
+  m = xp(start, limit, delta)   # jax Arrays (a result over max_constant_bytes): a staged iota
   start, limit, delta = (np.asarray(_static_scalar(ctx, v, n), dtype=dtype)[()]
                          for v, n in ((start, "start"), (limit, "limit"), (delta, "delta")))
   if delta == 0:
@@ -548,9 +549,9 @@ def range_(ctx, start, limit, delta):
   if (delta > 0 and start > limit) or (delta < 0 and start < limit):
     raise ValueError(f"Range node {ctx.name!r}: start {start} cannot reach limit {limit} with delta {delta}")
   if np.issubdtype(dtype, np.integer):
-    return np.arange(start, limit, delta, dtype=dtype)
+    return m.arange(start, limit, delta, dtype=_dtype(m, dtype))
   n = int(np.ceil(np.abs((limit - start) / delta)))
-  return start + np.arange(n).astype(dtype) * delta
+  return start + m.arange(n).astype(_dtype(m, dtype)) * delta
 
 
 @register("LinSpace")
