@@ -107,6 +107,34 @@ def test_ops_where_without_properties_is_every_op():
   assert ops_where(tier=Tier.NATIVE) <= supported_ops()
 
 
+# The hand-written list constant folding used before `size_bounded` (the floor of the property).
+SIZE_BOUNDED_FLOOR = {
+    "Shape", "ShapeN", "Size", "Rank", "BroadcastArgs", "BroadcastGradientArgs", "ConcatOffset",
+    "Reshape", "Squeeze", "ExpandDims", "Transpose", "Pack", "Unpack", "ConcatV2", "Concat", "Split",
+    "SplitV", "Slice", "StridedSlice", "GatherV2", "Gather", "GatherNd", "Select", "SelectV2", "Cast",
+    "ReverseV2", "Roll", "Unique", "TopKV2", "Add", "AddV2", "AddN", "Sub", "Mul", "Div", "RealDiv",
+    "DivNoNan", "FloorDiv", "FloorMod", "Mod", "TruncateDiv", "TruncateMod", "Maximum", "Minimum", "Neg",
+    "Abs", "Sign", "Floor", "Ceil", "Round", "Rint", "Sqrt", "Rsqrt", "Square", "SquaredDifference",
+    "Reciprocal", "Inv", "Pow", "Exp", "Expm1", "Log", "Log1p", "Sin", "Cos", "Tan", "Tanh", "Sigmoid",
+    "Erf", "Atan2", "Relu", "Relu6", "Elu", "Selu", "Softplus", "Softmax", "LogSoftmax", "IsNan",
+    "IsInf", "IsFinite", "Equal", "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual",
+    "LogicalAnd", "LogicalOr", "LogicalNot", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Invert",
+    "LeftShift", "RightShift", "Sum", "Prod", "Max", "Min", "Mean", "All", "Any", "ArgMax", "ArgMin",
+    "Cumsum", "Cumprod", "ZerosLike", "OnesLike", "MatMul", "BatchMatMul", "BatchMatMulV2",
+    "BatchMatMulV3", "Einsum",
+}
+
+
+def test_ops_where_size_bounded():
+  bounded = ops_where(size_bounded=True)
+  assert SIZE_BOUNDED_FLOOR <= bounded, sorted(SIZE_BOUNDED_FLOOR - bounded)
+  # Their result's size is set by their inputs' values, not sizes.
+  unbounded = {"Fill", "BroadcastTo", "Tile", "Pad", "PadV2", "MirrorPad", "Range", "OneHot", "Bitcast"}
+  assert unbounded <= supported_ops()
+  assert not unbounded & bounded, sorted(unbounded & bounded)
+  assert not registry.get_rule("Fill").size_bounded
+
+
 @pytest.mark.parametrize("props", [{"bogus": 1}, {"fn": None}, {"op_type": "Sin"}])
 def test_ops_where_rejects_unknown_properties(props):
   with pytest.raises(TypeError, match="unknown op property"):

@@ -11,7 +11,7 @@ import numpy as np
 
 from jaxport import config as _config
 from jaxport.convert.graph import GraphFunction, Library, Node
-from jaxport.convert.registry import Tier, get_rule
+from jaxport.convert.registry import OpRule, Tier, get_rule
 from jaxport.convert.tiers import node_rule
 from jaxport.errors import DynamicShapeError, MissingInputError
 
@@ -136,25 +136,10 @@ def _call_library_op(ctx: OpContext, *args):
 # the rule runs on the same values as concrete jax Arrays, so `static_value` still reads shapes and
 # axes while the data ops (iota, broadcast, compare, select) stay in the jaxpr for XLA to fuse.
 
-# Ops whose result has at most as many elements as the product of their inputs' sizes (elementwise
-# math, shape arithmetic, slicing, products): small constant inputs bound the result without tracing
-# the rule. So do the scalar inputs of any op, by their magnitudes (Range, OneHot, LinSpace); every
-# other node of constants is traced abstractly first.
-_SIZE_BOUNDED = frozenset({
-    "Shape", "ShapeN", "Size", "Rank", "BroadcastArgs", "BroadcastGradientArgs", "ConcatOffset",
-    "Reshape", "Squeeze", "ExpandDims", "Transpose", "Pack", "Unpack", "ConcatV2", "Concat", "Split",
-    "SplitV", "Slice", "StridedSlice", "GatherV2", "Gather", "GatherNd", "Select", "SelectV2", "Cast",
-    "ReverseV2", "Roll", "Unique", "TopKV2", "Add", "AddV2", "AddN", "Sub", "Mul", "Div", "RealDiv",
-    "DivNoNan", "FloorDiv", "FloorMod", "Mod", "TruncateDiv", "TruncateMod", "Maximum", "Minimum", "Neg",
-    "Abs", "Sign", "Floor", "Ceil", "Round", "Rint", "Sqrt", "Rsqrt", "Square", "SquaredDifference",
-    "Reciprocal", "Inv", "Pow", "Exp", "Expm1", "Log", "Log1p", "Sin", "Cos", "Tan", "Tanh", "Sigmoid",
-    "Erf", "Atan2", "Relu", "Relu6", "Elu", "Selu", "Softplus", "Softmax", "LogSoftmax", "IsNan",
-    "IsInf", "IsFinite", "Equal", "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual",
-    "LogicalAnd", "LogicalOr", "LogicalNot", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Invert",
-    "LeftShift", "RightShift", "Sum", "Prod", "Max", "Min", "Mean", "All", "Any", "ArgMax", "ArgMin",
-    "Cumsum", "Cumprod", "ZerosLike", "OnesLike", "MatMul", "BatchMatMul", "BatchMatMulV2",
-    "BatchMatMulV3", "Einsum",
-})
+# Ops whose result has at most as many elements as the product of their inputs' sizes (the registry's
+# `size_bounded`: elementwise math, shape arithmetic, slicing, products): small constant inputs bound
+# the result without tracing the rule. So do the scalar inputs of any op, by their magnitudes (Range,
+# OneHot, LinSpace); every other node of constants is traced abstractly first.
 _BYTES_PER_ELEMENT = 8   # the bounds' itemsize (complex128 results are caught after folding)
 
 
@@ -162,22 +147,28 @@ def _is_constant(x) -> bool:
   return isinstance(x, (np.ndarray, np.generic, int, float, bool))
 
 
-def _foldable(rule, op: str) -> bool:
-  """A native rule without effects or graph structure (the rules constant folding applies to)."""
+def _foldable(rule, op: str) -> OpRule | None:
+  """The op's `OpRule` if a native rule without effects or graph structure (the rules constant
+  folding applies to), else None."""
   spec = get_rule(op)
-  return (spec is not None and spec.fn is rule and spec.tier == Tier.NATIVE
-          and not (spec.stateful or spec.structural))
+  if (spec is not None and spec.fn is rule and spec.tier == Tier.NATIVE
+      and not (spec.stateful or spec.structural)):
+    return spec
+  return None
 
 
 def _run_node(rule, ctx: OpContext, inputs: list):
   deferred = ctx.runtime.deferred
-  if not inputs or not all(_is_constant(x) or id(x) in deferred for x in inputs) or not _foldable(rule, ctx.op):
+  if not inputs or not all(_is_constant(x) or id(x) in deferred for x in inputs):
+    return rule(ctx, *inputs)
+  spec = _foldable(rule, ctx.op)
+  if spec is None:
     return rule(ctx, *inputs)
   if any(not _is_constant(x) for x in inputs):
     return _run_deferred(rule, ctx, inputs, deferred)
   limit = ctx.config.get("max_constant_bytes")
   limit = _config.get_config("max_constant_bytes") if limit is None else limit
-  lifted, bound = None, _bound(ctx.op, inputs)
+  lifted, bound = None, _bound(spec, inputs)
   if bound is None or bound > limit:
     lifted = _lift(inputs)
     if lifted is not None and _largest(_abstract(rule, ctx, lifted)) > limit:
@@ -224,9 +215,9 @@ def _defer(out, thunk, deferred: dict):
   return out
 
 
-def _bound(op: str, inputs) -> int | None:
+def _bound(spec: OpRule, inputs) -> int | None:
   """An upper bound on the bytes of the node's result (roughly: scalars' magnitudes); None if unknown."""
-  if op in _SIZE_BOUNDED:
+  if spec.size_bounded:
     factors = [np.size(x) for x in inputs]
   elif all(np.size(x) == 1 for x in inputs):
     factors = [_magnitude(x) for x in inputs]

@@ -35,6 +35,9 @@ class OpRule:
   tier: Tier = Tier.NATIVE
   check: Callable | None = None  # check(node) at conversion time: raises when the node cannot run
   convolution: bool = False      # a convolution (picks XLA:CPU options in jaxport.jit)
+  # its result has no more elements than the product of its inputs' sizes: elementwise, shape
+  # arithmetic, slicing, reductions, products; constant folding bounds its size without running it
+  size_bounded: bool = False
 
   def __call__(self, ctx, *inputs):
     return self.fn(ctx, *inputs)
@@ -45,7 +48,7 @@ _RULES: dict[str, OpRule] = {}
 
 def register(*op_types: str, needs_rng: bool = False, writes_state: bool = False,
              stateful: bool = False, structural: bool = False, tier: Tier = Tier.NATIVE,
-             check: Callable | None = None, convolution: bool = False):
+             check: Callable | None = None, convolution: bool = False, size_bounded: bool = False):
   """Registers the decorated `fn(ctx, *inputs)` for each of `op_types` (literal op names).
 
   `check(node)`, when given, runs at conversion time for every node of these types that
@@ -59,7 +62,7 @@ def register(*op_types: str, needs_rng: bool = False, writes_state: bool = False
     for op in op_types:
       _RULES[op] = OpRule(op, fn, needs_rng=needs_rng, writes_state=writes_state,
                           stateful=stateful or writes_state or needs_rng, structural=structural,
-                          tier=tier, check=check, convolution=convolution)
+                          tier=tier, check=check, convolution=convolution, size_bounded=size_bounded)
     return fn
   return decorator
 

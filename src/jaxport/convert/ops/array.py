@@ -72,33 +72,33 @@ def _concrete_values(ctx, x) -> np.ndarray:
 # --------------------------------------------------------------------------- shapes
 
 
-@register("Shape")
+@register("Shape", size_bounded=True)
 def shape(ctx, x):
   return np.asarray(np.shape(x), dtype=ctx.attr("out_type"))
 
 
-@register("ShapeN")
+@register("ShapeN", size_bounded=True)
 def shape_n(ctx, *xs):
   return [np.asarray(np.shape(x), dtype=ctx.attr("out_type")) for x in xs]
 
 
-@register("Size")
+@register("Size", size_bounded=True)
 def size(ctx, x):
   return np.asarray(np.prod(np.shape(x), dtype=np.int64), dtype=ctx.attr("out_type"))
 
 
-@register("Rank")
+@register("Rank", size_bounded=True)
 def rank(ctx, x):
   return np.asarray(np.ndim(x), dtype=np.int32)
 
 
-@register("BroadcastArgs")
+@register("BroadcastArgs", size_bounded=True)
 def broadcast_args(ctx, s0, s1):
   out = np.broadcast_shapes(tuple(_static(ctx, s0, "s0")), tuple(_static(ctx, s1, "s1")))
   return np.asarray(out, dtype=ctx.attr("T"))
 
 
-@register("BroadcastGradientArgs")
+@register("BroadcastGradientArgs", size_bounded=True)
 def broadcast_gradient_args(ctx, s0, s1):
   """The axes each input's gradient is summed over (TF's BCast: none when shapes are equal)."""
   shapes = [_static(ctx, s0, "s0"), _static(ctx, s1, "s1")]
@@ -114,7 +114,7 @@ def broadcast_gradient_args(ctx, s0, s1):
 # --------------------------------------------------------------------------- reshaping
 
 
-@register("Reshape")
+@register("Reshape", size_bounded=True)
 def reshape(ctx, x, target):
   target = _static(ctx, target, "shape")
   if -1 in target and 0 in target:   # TF infers -1 from the non-zero sizes on both sides
@@ -123,19 +123,19 @@ def reshape(ctx, x, target):
   return xp(x).reshape(x, target)
 
 
-@register("Squeeze")
+@register("Squeeze", size_bounded=True)
 def squeeze(ctx, x):
   dims = ctx.attr("squeeze_dims", [])
   axes = tuple(_axis(ctx, d, np.ndim(x)) for d in dims) if dims else None
   return xp(x).squeeze(x, axis=axes)
 
 
-@register("ExpandDims")
+@register("ExpandDims", size_bounded=True)
 def expand_dims(ctx, x, axis):
   return xp(x).expand_dims(x, _axis(ctx, _static_int(ctx, axis, "dim"), np.ndim(x) + 1))
 
 
-@register("Transpose", "ConjugateTranspose")
+@register("Transpose", "ConjugateTranspose", size_bounded=True)
 def transpose(ctx, x, perm):
   m = xp(x)
   out = m.transpose(x, _static(ctx, perm, "perm"))
@@ -144,14 +144,14 @@ def transpose(ctx, x, perm):
   return out
 
 
-@register("Pack")
+@register("Pack", size_bounded=True)
 def pack(ctx, *xs):
   m = xp(*xs)
   axis = _axis(ctx, ctx.attr("axis", 0), np.ndim(xs[0]) + 1)
   return m.stack(xs, axis=axis).astype(_dtype(m, ctx.attr("T")))
 
 
-@register("Unpack")
+@register("Unpack", size_bounded=True)
 def unpack(ctx, x):
   axis = _axis(ctx, ctx.attr("axis", 0), np.ndim(x))
   lead = (slice(None),) * axis
@@ -164,17 +164,17 @@ def _concat(ctx, values, axis):
   return m.concatenate(values, axis=axis).astype(_dtype(m, ctx.attr("T")))
 
 
-@register("ConcatV2")
+@register("ConcatV2", size_bounded=True)
 def concat_v2(ctx, *args):
   return _concat(ctx, args[:-1], args[-1])
 
 
-@register("Concat")
+@register("Concat", size_bounded=True)
 def concat(ctx, axis, *values):
   return _concat(ctx, values, axis)
 
 
-@register("ConcatOffset")
+@register("ConcatOffset", size_bounded=True)
 def concat_offset(ctx, axis, *shapes):
   """Where each input of a concatenation starts in the output (used by its gradient)."""
   dims = [_static(ctx, s, "shape") for s in shapes]
@@ -188,13 +188,13 @@ def concat_offset(ctx, axis, *shapes):
   return offsets
 
 
-@register("Split")
+@register("Split", size_bounded=True)
 def split(ctx, axis, x):
   axis = _axis(ctx, _static_int(ctx, axis, "split_dim"), np.ndim(x))
   return list(xp(x).split(x, ctx.attr("num_split"), axis=axis))
 
 
-@register("SplitV")
+@register("SplitV", size_bounded=True)
 def split_v(ctx, x, size_splits, axis):
   axis = _axis(ctx, _static_int(ctx, axis, "split_dim"), np.ndim(x))
   sizes = _static(ctx, size_splits, "size_splits")
@@ -231,7 +231,7 @@ def fill(ctx, dims, value):
 # --------------------------------------------------------------------------- slicing
 
 
-@register("Slice")
+@register("Slice", size_bounded=True)
 def slice_(ctx, x, begin, size_):
   sizes = _static(ctx, size_, "size")
   dims = np.shape(x)
@@ -323,7 +323,7 @@ def _normalized_index(index, dim: int):
   return jnp.where(index < 0, index + dim, index)
 
 
-@register("StridedSlice")
+@register("StridedSlice", size_bounded=True)
 def strided_slice(ctx, x, begin, end, strides):
   dynamic, index = _StridedIndex(ctx, begin, end, strides).resolve(ctx, np.shape(x))
   for axis, i in dynamic:
@@ -418,7 +418,7 @@ def where(ctx, condition):
   return np.argwhere(_concrete_values(ctx, condition)).astype(np.int64)
 
 
-@register("Select")
+@register("Select", size_bounded=True)
 def select(ctx, condition, t, e):
   """Select v1: a vector condition picks rows of higher-rank `t`/`e`."""
   if np.ndim(condition) == 1 and np.ndim(t) > 1:
@@ -426,7 +426,7 @@ def select(ctx, condition, t, e):
   return xp(condition, t, e).where(condition, t, e)
 
 
-@register("SelectV2")
+@register("SelectV2", size_bounded=True)
 def select_v2(ctx, condition, t, e):
   return softmax_product.remember_masked(ctx, xp(condition, t, e).where(condition, t, e), condition, t, e)
 
@@ -441,7 +441,7 @@ def one_hot(ctx, indices, depth, on_value, off_value):
   return m.where(hit, on_value, off_value).astype(_dtype(m, ctx.attr("T")))
 
 
-@register("TopKV2", "TopK")
+@register("TopKV2", "TopK", size_bounded=True)
 def top_k(ctx, x, k=None):
   """Largest `k` along the last axis, ties in index order; `sorted=False` also returns them sorted."""
   k = _static_int(ctx, k, "k") if k is not None else ctx.attr("k")
@@ -462,7 +462,7 @@ def _unique(ctx, x, axis: int | None):
   return unique, rank_[inverse.reshape(-1)].astype(out_idx), counts[order].astype(out_idx)
 
 
-@register("Unique")
+@register("Unique", size_bounded=True)
 def unique(ctx, x):
   return _unique(ctx, x, None)[:2]
 
@@ -492,7 +492,7 @@ def unique_with_counts_v2(ctx, x, axis):
 # --------------------------------------------------------------------------- reordering
 
 
-@register("ReverseV2")
+@register("ReverseV2", size_bounded=True)
 def reverse_v2(ctx, x, axis):
   axes = tuple(_axis(ctx, a, np.ndim(x)) for a in _static(ctx, axis, "axis"))
   return xp(x).flip(x, axis=axes) if axes else x
@@ -517,7 +517,7 @@ def reverse_sequence(ctx, x, seq_lengths):
   return m.take_along_axis(x, m.broadcast_to(source, np.shape(x)), axis=seq_dim)
 
 
-@register("Roll")
+@register("Roll", size_bounded=True)
 def roll(ctx, x, shift, axis):
   axes = [_axis(ctx, a, np.ndim(x)) for a in _static(ctx, axis, "axis")]
   if is_concrete(shift):

@@ -72,12 +72,12 @@ def _gather_axis(ctx, params, indices, axis: int, batch_dims: int):
   return out
 
 
-@register("Gather")
+@register("Gather", size_bounded=True)
 def gather(ctx, params, indices):
   return _gather_axis(ctx, params, indices, 0, 0)
 
 
-@register("GatherV2")
+@register("GatherV2", size_bounded=True)
 def gather_v2(ctx, params, indices, axis):
   batch_dims = ctx.attr("batch_dims", 0)
   if batch_dims < 0:
@@ -96,7 +96,7 @@ def _nd_index(indices, batch_dims: int) -> tuple:
   return grids + tuple(indices[..., k] for k in range(np.shape(indices)[-1]))
 
 
-@register("GatherNd")
+@register("GatherNd", size_bounded=True)
 def gather_nd(ctx, params, indices):
   batch_dims = ctx.attr("batch_dims", 0)
   if np.shape(indices)[-1] == 0:   # whole slices: broadcast params over the index dims

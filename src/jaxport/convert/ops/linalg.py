@@ -46,20 +46,20 @@ def _product(ctx, a, b, transpose_a: bool, transpose_b: bool, conjugate: bool, o
   return _matmul(a, b, out_dtype)
 
 
-@register("MatMul")
+@register("MatMul", size_bounded=True)
 def matmul(ctx, a, b):
   return _product(ctx, a, b, ctx.attr("transpose_a", False), ctx.attr("transpose_b", False),
                   conjugate=False, out_dtype=a.dtype)
 
 
-@register("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
+@register("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", size_bounded=True)
 def batch_matmul(ctx, x, y):
   """`adj_x`/`adj_y` take the conjugate transpose; V3 multiplies in (and returns) `Tout`."""
   return _product(ctx, x, y, ctx.attr("adj_x", False), ctx.attr("adj_y", False), conjugate=True,
                   out_dtype=ctx.attr("Tout", x.dtype))
 
 
-@register("Einsum")
+@register("Einsum", size_bounded=True)
 def einsum(ctx, *operands):
   equation = ctx.attr("equation")
   deferred = softmax_product.einsum(ctx, equation, operands)

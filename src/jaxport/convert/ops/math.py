@@ -44,7 +44,7 @@ def apply(fn, inputs):
 def _elementwise(*op_types):
   """Registers `fn(xp, *inputs)` for `op_types`, computed as `apply` does."""
   def decorator(fn):
-    register(*op_types)(lambda ctx, *inputs: apply(fn, inputs))
+    register(*op_types, size_bounded=True)(lambda ctx, *inputs: apply(fn, inputs))
     return fn
   return decorator
 
@@ -53,7 +53,8 @@ def _jax_elementwise(*op_types):
   """Registers `fn(*inputs)` that always computes with JAX (no NumPy counterpart)."""
   def decorator(fn):
     # lax's binary special functions (igamma, polygamma, ...) need operands of one shape.
-    register(*op_types)(lambda ctx, *inputs: fn(*jnp.broadcast_arrays(*[jnp.asarray(x) for x in inputs])))
+    register(*op_types, size_bounded=True)(
+        lambda ctx, *inputs: fn(*jnp.broadcast_arrays(*[jnp.asarray(x) for x in inputs])))
     return fn
   return decorator
 
@@ -119,8 +120,8 @@ def _filled_like(fill):
   return rule
 
 
-register("ZerosLike")(_filled_like(0))
-register("OnesLike")(_filled_like(1))
+register("ZerosLike", size_bounded=True)(_filled_like(0))
+register("OnesLike", size_bounded=True)(_filled_like(1))
 
 
 @jax.custom_jvp
@@ -242,7 +243,7 @@ def _softsign(xp, x):
   return x / (1 + xp.abs(x))
 
 
-@register("LeakyRelu")
+@register("LeakyRelu", size_bounded=True)
 def _leaky_relu(ctx, x):
   alpha = ctx.attr("alpha", 0.2)
   return apply(lambda xp, x: xp.where(x > 0, x, x * np.asarray(alpha, x.dtype)), (x,))
@@ -281,7 +282,7 @@ def _softsign_grad(xp, g, x):
   return g / xp.square(1 + xp.abs(x))
 
 
-@register("LeakyReluGrad")
+@register("LeakyReluGrad", size_bounded=True)
 def _leaky_relu_grad(ctx, g, x):
   alpha = ctx.attr("alpha", 0.2)
   return apply(lambda xp, g, x: xp.where(x > 0, g, g * np.asarray(alpha, g.dtype)), (g, x))
@@ -318,7 +319,7 @@ def _reciprocal_grad(xp, y, dy):
 # --------------------------------------------------------------------------- binary arithmetic
 
 
-@register("AddN")
+@register("AddN", size_bounded=True)
 def _add_n(ctx, *xs):
   if not all(hasattr(x, "dtype") for x in xs):   # pytrees such as TensorLists: add leaf by leaf
     return jax.tree_util.tree_map(lambda *leaves: functools.reduce(jnp.add, leaves), *xs)
@@ -333,7 +334,7 @@ def _division(*op_types):
       if _is_integer(x):
         runtime_check(ctx, y != 0, "Integer division by zero")
       return apply(fn, (x, y))
-    register(*op_types)(rule)
+    register(*op_types, size_bounded=True)(rule)
     return fn
   return decorator
 
@@ -419,7 +420,7 @@ def _maximum(xp, x, y):
   return _maximum_tf_grad(x, y) if xp is jnp and _is_float(x) else xp.maximum(x, y)
 
 
-@register("Maximum")
+@register("Maximum", size_bounded=True)
 def maximum(ctx, x, y):
   relu = jax2tf_relu(ctx, x, y)
   return relu if relu is not None else apply(_maximum, (x, y))
@@ -520,7 +521,7 @@ def _right_shift(xp, x, y):
   return xp.right_shift(x, _clamped_shift(xp, x, y))   # arithmetic for signed types
 
 
-@register("Complex")
+@register("Complex", size_bounded=True)
 def _complex(ctx, real, imag):
   dtype = ctx.attr("Tout", np.dtype(np.complex64))
   if xp(real, imag) is np:
@@ -530,7 +531,7 @@ def _complex(ctx, real, imag):
   return lax.complex(*jnp.broadcast_arrays(real, imag))
 
 
-@register("ApproximateEqual")
+@register("ApproximateEqual", size_bounded=True)
 def _approximate_equal(ctx, x, y):
   tolerance = ctx.attr("tolerance", 1e-5)
   return apply(lambda xp, x, y: xp.abs(x - y) < tolerance, (x, y))
@@ -556,7 +557,7 @@ def _comparison(op_type, fn_name, incompatible_result=None):
       except ValueError:
         return np.asarray(incompatible_result)
     return apply(lambda xp, x, y: getattr(xp, fn_name)(x, y), (x, y))
-  register(op_type)(rule)
+  register(op_type, size_bounded=True)(rule)
 
 
 _comparison("Equal", "equal", incompatible_result=False)
@@ -632,7 +633,7 @@ def _cast(xp, x, dst, truncate):
   return x.astype(dst)
 
 
-@register("Cast")
+@register("Cast", size_bounded=True)
 def _cast_rule(ctx, x):
   return cast_like_tf(x, ctx.attr("DstT"), ctx.attr("Truncate", False))
 

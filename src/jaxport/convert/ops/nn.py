@@ -420,13 +420,13 @@ def bias_add_grad(ctx, out_backprop):
   return jnp.sum(jnp.asarray(out_backprop), axis=axes)
 
 
-@register("Softmax")
+@register("Softmax", size_bounded=True)
 def softmax(ctx, logits):
   logits = jnp.asarray(logits)
   return softmax_product.remember(ctx, jax.nn.softmax(logits, axis=-1), logits)
 
 
-@register("LogSoftmax")
+@register("LogSoftmax", size_bounded=True)
 def log_softmax(ctx, logits):
   return jax.nn.log_softmax(jnp.asarray(logits), axis=-1)
 

@@ -34,7 +34,7 @@ def _reduction(*op_types):
       if ctx.attr("keep_dims", False):
         out = out.reshape([1 if d in axes else n for d, n in enumerate(np.shape(x))])
       return out
-    register(*op_types)(rule)
+    register(*op_types, size_bounded=True)(rule)
     return fn
   return decorator
 
@@ -145,7 +145,7 @@ def _arg_reduction(op_type, largest: bool):
       index = _first_extreme(xp, x, axis, largest)
       return index.astype(out_type if xp is np else jax.dtypes.canonicalize_dtype(out_type))
     return apply(fn, (x,))
-  register(op_type)(rule)
+  register(op_type, size_bounded=True)(rule)
 
 
 def _first_extreme(xp, x, axis, largest):
@@ -183,7 +183,7 @@ def _cumulative(op_type, jax_scan, numpy_scan, identity):
         scanned = jax_scan(x, axis=axis, reverse=reverse)
       return _shift_in_identity(xp, scanned, axis, reverse, identity) if exclusive else scanned
     return apply(fn, (x,)) if numpy_scan is not None else fn(jnp, jnp.asarray(x))
-  register(op_type)(rule)
+  register(op_type, size_bounded=True)(rule)
 
 
 def _shift_in_identity(xp, scanned, axis, reverse, identity):
