@@ -13,8 +13,8 @@ from jaxport.convert import (ConvertedFunction, Variable, convert, convert_from_
 from jaxport.convert.graph_def import convert_functional_graph_def, convert_graph_def
 from jaxport.convert.inspect import InspectReport, inspect
 from jaxport.errors import (ArtifactError, AssertionFailedError, ConfigError, DeviceMismatchError, DtypeCastWarning,
-                            DtypeMismatchError, DynamicShapeError, JaxportError, MissingInputError, ShapeMismatchError,
-                            ShardedArrayError, SignatureError, StableHLOError, StaticArgumentError,
+                            DtypeMismatchError, DynamicLoopError, DynamicShapeError, JaxportError, MissingInputError,
+                            ShapeMismatchError, ShardedArrayError, SignatureError, StableHLOError, StaticArgumentError,
                             UnsupportedOperationsError, UnsupportedValueError, ZeroCopyError)
 from jaxport.interop import shares_memory, to_cupy, to_jax, to_numpy, to_tf, to_torch
 from jaxport.xla_options import jit
@@ -32,5 +32,5 @@ __all__ = [
     "to_jax", "to_torch", "to_tf", "to_numpy", "to_cupy", "shares_memory",
     "ZeroCopyError", "DeviceMismatchError", "ShardedArrayError", "AssertionFailedError", "StableHLOError",
     "ConfigError", "DtypeCastWarning", "StaticArgumentError", "UnsupportedValueError",
-    "DynamicShapeError",
+    "DynamicShapeError", "DynamicLoopError",
 ]

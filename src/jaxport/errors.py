@@ -120,6 +120,23 @@ class DynamicShapeError(JaxportError, ValueError, jax.errors.ConcretizationTypeE
         "(close over it instead of passing it in), or use a fixed-size alternative in TF.")
 
 
+class DynamicLoopError(DynamicShapeError):
+  """A While loop cannot be one lax loop (its shapes change between iterations, or its body needs a
+  loop variable as a constant), and its trip count is traced, so it cannot run step by step either."""
+
+  def __init__(self, node: str, cause: BaseException):
+    self.op, self.node, self.operand = "While", node, "trip count"
+    first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+    Exception.__init__(
+        self,
+        f"While node {node!r} cannot run as a lax loop ({first}), and it cannot run step by step "
+        "either: its condition depends on traced values (under jax.jit, vmap or grad, or inside another "
+        "loop), so its trip count is not known at trace time. Call the converted function without "
+        "jax.jit (the loop then runs step by step on concrete values), or make the loop bound a constant "
+        "of the TF function (the loop is then unrolled), or keep the loop variables' shapes fixed in TF "
+        "(e.g. a preallocated buffer written with tf.tensor_scatter_nd_update).")
+
+
 class InteropInputError(JaxportError, TypeError):
   """`jaxport.interop` cannot exchange this input: not an array or DLPack producer, an unsupported
   dtype or byte order, or a producer that does not keep the DLPack protocol."""

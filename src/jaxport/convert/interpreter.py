@@ -69,11 +69,12 @@ class Runtime:
 
 class OpContext:
   """What a rule sees of its node."""
-  __slots__ = ("node", "runtime")
+  __slots__ = ("node", "runtime", "fn")
 
-  def __init__(self, node: Node, runtime: Runtime):
+  def __init__(self, node: Node, runtime: Runtime, fn: GraphFunction | None = None):
     self.node = node
     self.runtime = runtime
+    self.fn = fn   # the function the node runs in (control flow reads which outputs it uses)
 
   @property
   def name(self) -> str:
@@ -114,7 +115,7 @@ def run_function(fn: GraphFunction, args: list, runtime: Runtime) -> list:
       from jaxport.errors import UnsupportedOperationsError
       raise UnsupportedOperationsError({node.op: [node.name]})
     try:
-      out = _run_node(rule, OpContext(node, runtime), inputs)
+      out = _run_node(rule, OpContext(node, runtime, fn), inputs)
     except Exception as e:
       if not getattr(e, "_jaxport_noted", False):
         e.add_note(f"while converting {node.op} node {node.name!r} in {fn.name!r}")

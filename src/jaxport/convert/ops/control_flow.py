@@ -5,6 +5,8 @@ split into *static* values (NumPy constants that stay constant, variable refs),
 which are closed over so shape arithmetic stays static, and *dynamic* values,
 which become the lax carry. Variable assignments inside a body thread the
 variable state through the carry; an `rng` key is split per iteration.
+Loop variables and call outputs nothing reads are dropped; loops whose shapes
+change per step run step by step (see _loops).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from jax import lax
 
 from jaxport.convert.graph import FuncAttr, GraphFunction
 from jaxport.convert.interpreter import Runtime, VariableRef, run_function
+from jaxport.convert.ops._loops import live_loop_vars, needs_python_loop, pruned, python_loop, used_outputs
 from jaxport.convert.ops._trip_count import closed_form_trip_count
 from jaxport.convert.ops._util import is_concrete
 from jaxport.convert.ops.tensor_list import TensorList
@@ -27,7 +30,13 @@ MAX_SIMULATED_TRIPS = 10_000
 
 @register("PartitionedCall", "StatefulPartitionedCall", structural=True)
 def partitioned_call(ctx, *args):
-  return ctx.runtime.call(ctx.attr("f").name, args)
+  fn = ctx.runtime.library[ctx.attr("f").name]
+  used = used_outputs(ctx.fn, ctx.name)
+  if used is None or len(used) >= len(fn.outputs):
+    return run_function(fn, list(args), ctx.runtime)
+  keep = sorted(used)   # only what the caller reads runs (a while_v2 forward's gradient accumulators do not)
+  outs = dict(zip(keep, run_function(pruned(fn, keep), list(args), ctx.runtime)))
+  return [outs.get(i) for i in range(len(fn.outputs))]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -172,7 +181,12 @@ def while_loop(ctx, *loop_vars):
     raise NotImplementedError(f"While {ctx.name!r}: its condition assigns variables, which jaxport cannot convert")
 
   passthrough = _passthrough_indices(body_fn)
-  static = {i for i, v in enumerate(loop_vars) if not _is_dynamic(v) and (i in passthrough or isinstance(v, VariableRef))}
+  # Dead loop variables (e.g. while_v2's gradient accumulators) stay at their entry values.
+  live = live_loop_vars(runtime.library, cond_fn, body_fn, used_outputs(ctx.fn, ctx.name), len(loop_vars))
+  keep = sorted(live)
+  run_body = body_fn if len(keep) == len(loop_vars) else pruned(body_fn, keep)
+  static = {i for i, v in enumerate(loop_vars)
+            if i not in live or (not _is_dynamic(v) and (i in passthrough or isinstance(v, VariableRef)))}
   for i, v in enumerate(loop_vars):
     if isinstance(v, VariableRef) and i not in passthrough:
       raise NotImplementedError(f"While {ctx.name!r}: loop variable {i} swaps resource handles between iterations")
@@ -187,7 +201,7 @@ def while_loop(ctx, *loop_vars):
   def body(carry, sub_rng):
     dyn, state = carry
     rt = runtime.fork(state=dict(state) if body_writes else None, rng=sub_rng)
-    outs = run_function(body_fn, full_args(dyn), rt)
+    outs = dict(zip(keep, run_function(run_body, full_args(dyn), rt)))
     new_dyn = [_as_carry(outs[i], d) for i, d in zip(dyn_idx, dyn)]
     return new_dyn, (rt.state if body_writes else state)
 
@@ -204,18 +218,38 @@ def while_loop(ctx, *loop_vars):
   def iteration_rng(i):
     return None if key is None else jax.random.fold_in(key, i)
 
-  carry = materialize_lists(lambda c: body(c, iteration_rng(0)), (init_dyn, state0))
-  if trips is not None:
-    final = lax.fori_loop(0, trips, lambda i, c: body(c, iteration_rng(i)), carry)
-  else:
-    _, final = lax.while_loop(
-        lambda ic: cond(ic[1], iteration_rng(ic[0])),
-        lambda ic: (ic[0] + 1, body(ic[1], iteration_rng(ic[0]))),
-        (jnp.int32(0), carry))
+  try:
+    carry = materialize_lists(lambda c: body(c, iteration_rng(0)), (init_dyn, state0))
+    if trips is not None:
+      final = lax.fori_loop(0, trips, lambda i, c: body(c, iteration_rng(i)), carry)
+    else:
+      _, final = lax.while_loop(
+          lambda ic: cond(ic[1], iteration_rng(ic[0])),
+          lambda ic: (ic[0] + 1, body(ic[1], iteration_rng(ic[0]))),
+          (jnp.int32(0), carry))
+  except Exception as e:  # noqa: BLE001 -- shapes that change per step, or that need a loop variable's value
+    if not needs_python_loop(e):
+      raise
+    return _python_while(ctx.name, runtime, cond_fn, run_body, keep, loop_vars, trips, iteration_rng, e)
   dyn, state = final
   if body_writes:
     runtime.state.update(state)
   return full_args(dyn)
+
+
+def _python_while(node, runtime, cond_fn, run_body, keep, loop_vars, trips, iteration_rng, cause):
+  """The loop run step by step in Python (unrolled under jit): loop variables keep their own shapes
+  and constants stay NumPy, so `x[:, : i + 1]` is a static slice. See _loops.python_loop."""
+  def cond(args, i):
+    return run_function(cond_fn, list(args), runtime.fork(rng=iteration_rng(i)))[0]
+
+  def body(args, i):   # assignments go to runtime.state directly
+    outs = run_function(run_body, list(args), runtime.fork(rng=iteration_rng(i)))
+    new = list(args)
+    for k, o in zip(keep, outs):
+      new[k] = o
+    return new
+  return python_loop(node, cond, body, list(loop_vars), trips, cause)
 
 
 # --------------------------------------------------------------------------- If / Case
