@@ -439,3 +439,20 @@ def test_tf_lowerings():
   _tf_check(lambda x, g: (tf.raw_ops.MaxPoolGrad(orig_input=x, orig_output=tf.nn.max_pool2d(x, 2, 2, "SAME"), grad=g,
                                                  ksize=[1, 2, 2, 1], strides=[1, 2, 2, 1], padding="SAME"),
                           tf.nn.avg_pool2d(x, 2, 2, "SAME")), x, g)
+
+
+@pytest.mark.parametrize("cumulative", [lax.cumlogsumexp, lax.cummax, lax.cummin, lax.cumsum])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_cumulative_ops_over_an_axis_of_one_differentiate_as_jax(cumulative, reverse):
+  # Found by test_fuzz_interpreter. One-element windows: logaddexp's body (no monoid) went to the generic
+  # lax.reduce_window, which JAX cannot reverse-differentiate ("Linearization failed"); max's went to a
+  # window max whose derivative drops the tangent of an element equal to its -inf init.
+  f = lambda x: cumulative(x, axis=1, reverse=reverse) * 2.0
+  x = np.array([[0.5], [-1.0], [-np.inf], [np.inf]], np.float32)
+  g = _as_fn(_module(f, x))
+  _same(jax.jit(g)(x), f(x))
+  loss = lambda fn: lambda x: jnp.sum(fn(x) * np.arange(1, 5, dtype=np.float32)[:, None])
+  _same(jax.grad(loss(g))(x), jax.grad(loss(f))(x), tol=1e-6)
+  _same(jax.jit(jax.grad(loss(g)))(x), jax.grad(loss(f))(x), tol=1e-6)
+  t = np.arange(4, dtype=np.float32)[:, None] + 1
+  _same(jax.jvp(g, (x,), (t,))[1], jax.jvp(f, (x,), (t,))[1], tol=1e-6)

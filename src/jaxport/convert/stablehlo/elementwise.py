@@ -63,6 +63,15 @@ def _register(name: str, lax_fn, np_fn=None):
   handler(name)(rule)
 
 
+def _relu_or_max(x, y):
+  """`max(x, 0)` is a ReLU (jax.nn.relu and TF's Relu write it so): its derivative at 0 is 0, as theirs is,
+  not lax.max's tie rule (1/2)."""
+  for a, b in ((x, y), (y, x)):
+    if is_const(b) and jnp.issubdtype(b.dtype, jnp.floating) and not np.any(b) and not is_const(a):
+      return jax.nn.relu(jnp.broadcast_to(a, jnp.broadcast_shapes(np.shape(a), np.shape(b))))
+  return lax.max(x, y)
+
+
 def _int_div(x, y):
   """C division: truncates toward zero; x / 0 is -1 for unsigned, as XLA defines it."""
   with np.errstate(all="ignore"):
@@ -90,6 +99,12 @@ def _shift(np_fn):
   return fn
 
 
+def _arithmetic_right_shift(x, y):
+  """XLA shifts in the sign bit for unsigned types too (0xFF >> 4 is 0xFF): shift the signed view."""
+  signed = np.asarray(x).view(np.dtype(f"i{x.dtype.itemsize}"))
+  return _shift(np.right_shift)(signed, np.asarray(y).view(signed.dtype)).view(x.dtype)
+
+
 def _logical_right_shift(x, y):
   unsigned = x.view(np.dtype(f"u{x.dtype.itemsize}"))
   return _shift(np.right_shift)(unsigned, y.view(unsigned.dtype)).view(x.dtype)
@@ -101,7 +116,7 @@ _register("stablehlo.subtract", lax.sub, np.subtract)
 _register("stablehlo.multiply", lax.mul, np.multiply)
 _register("stablehlo.divide", lax.div, _np_divide)
 _register("stablehlo.remainder", lax.rem, _np_remainder)
-_register("stablehlo.maximum", lax.max, np.maximum)
+_register("stablehlo.maximum", lambda x, y: _relu_or_max(x, y), np.maximum)
 _register("stablehlo.minimum", lax.min, np.minimum)
 _register("stablehlo.negate", lax.neg, np.negative)
 _register("stablehlo.abs", lax.abs, np.abs)
@@ -113,7 +128,7 @@ _register("stablehlo.or", lax.bitwise_or, np.bitwise_or)
 _register("stablehlo.xor", lax.bitwise_xor, np.bitwise_xor)
 _register("stablehlo.not", lax.bitwise_not, lambda x: np.logical_not(x) if x.dtype == np.bool_ else np.invert(x))
 _register("stablehlo.shift_left", lax.shift_left, _shift(np.left_shift))
-_register("stablehlo.shift_right_arithmetic", lax.shift_right_arithmetic, _shift(np.right_shift))
+_register("stablehlo.shift_right_arithmetic", lax.shift_right_arithmetic, _arithmetic_right_shift)
 _register("stablehlo.shift_right_logical", lax.shift_right_logical, _logical_right_shift)
 
 # Always through lax.
@@ -146,9 +161,11 @@ def convert(ctx, x):
   if is_const(x):
     if np.dtype(dtype).kind in "iu" and x.dtype.kind in "fc":   # float → int truncates, saturating like XLA
       info = np.iinfo(dtype)
-      x = np.real(x) if x.dtype.kind == "c" else x
+      # In float64, not x's type: f16 rounds int16's max 32767 up to 32768, which wraps to -32768.
+      x = (np.real(x) if x.dtype.kind == "c" else x).astype(np.float64)
       with np.errstate(all="ignore"):
-        return np.where(np.isnan(x), 0, np.clip(np.trunc(x), info.min, info.max)).astype(dtype)
+        out = np.where(np.isnan(x), 0, np.trunc(x)).astype(dtype)
+      return np.where(x >= info.max, info.max, np.where(x <= info.min, info.min, out)).astype(dtype)
     if x.dtype.kind == "c" and np.dtype(dtype).kind != "c":
       return np.real(x).astype(dtype)
     return x.astype(dtype)
@@ -203,9 +220,12 @@ def select(ctx, pred, on_true, on_false):
 def clamp(ctx, lo, x, hi):
   if _all_const((lo, x, hi)):
     return np.minimum(np.maximum(x, lo), hi)
+  # lax.clamp itself (not max then min): its derivative at x == lo or x == hi is JAX's (0 for x), where
+  # max/min would split it between the tied operands. Scalar bounds are broadcast: JAX cannot transpose
+  # a clamp with scalar bounds and an array x.
   shape = np.shape(x)
   lo, x, hi = canon(lo), canon(x), canon(hi)
-  return lax.min(lax.max(x, jnp.broadcast_to(lo, shape)), jnp.broadcast_to(hi, shape))
+  return lax.clamp(jnp.broadcast_to(lo, shape), x, jnp.broadcast_to(hi, shape))
 
 
 @handler("stablehlo.reduce_precision")

@@ -372,9 +372,16 @@ def _cumulative(name: str, x, init, axis: int, lo: int, hi: int):
   return _fit_cumulative(_combine_init(name, out, init), init, x.shape[axis], axis, lo, hi)
 
 
+def _one_element(w: Window) -> bool:
+  """Each window holds one element: no padding, unit window, strides and base dilation."""
+  return all(d == 1 for d in w.dims + w.strides + w.base) and all(p == (0, 0) for p in w.padding)
+
+
 def _monoid_window(name: str, x, init, w: Window):
   x = jnp.asarray(canon(x))
   name = _for_dtype(name, x.dtype)
+  if _one_element(w):   # (a cumulative op over an axis of one) x itself: a window max's derivative would
+    return _combine_init(name, x, init)   # drop the tangent of an x equal to the -inf init
   cumulative = w.cumulative_axis(x.shape)
   if cumulative is not None and name in _CUMULATIVE:
     return _cumulative(name, x, init, *cumulative)
@@ -406,6 +413,13 @@ def _reduce_window(body: Body, xs, inits, w: Window) -> list:
   if cumulative is not None and body.trees in _LOGADDEXP:
     return [_cumulative("logaddexp", jnp.asarray(canon(xs[0])), inits[0], *cumulative)]
   region = body.typed(n)
+  if _one_element(w):
+    # One element per window (a cumulative op over an axis of one): the body once, elementwise (the generic
+    # lax.reduce_window below has no reverse-mode rule); x itself under logaddexp from -inf, whose body's
+    # derivative at x = -inf is NaN (-inf - -inf).
+    if n == 1 and body.trees in _LOGADDEXP and is_identity("maximum", inits[0]):
+      return [jnp.asarray(canon(xs[0]))]
+    return elementwise(region)(*inits, *xs)
   if cumulative is not None:   # an associative body (as XLA assumes): a scan, O(n log n) and differentiable
     axis, lo, hi = cumulative
     x = jnp.asarray(canon(xs[0]))
