@@ -28,6 +28,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/convert_bench.py
 	$(PY) benchmarks/data_bench.py
 	$(PY) benchmarks/interop_bench.py
+	$(PY) benchmarks/artifact_bench.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -12,6 +12,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -88,8 +89,26 @@ def test_keras3_cnn_round_trip(tmp_path):
   jax_fn, params = jaxport.convert(model, tf.TensorSpec([None, 6, 6, 2], tf.float32))
   fn, loaded = _round_trip(jax_fn, params, tmp_path / "fixed", (x,), platforms=("cpu",))
   np.testing.assert_allclose(jax.jit(fn)(loaded, x)[0], model(x).numpy(), atol=1e-5)
-  # Keras 3's Flatten reads the batch size with a Shape op, which the converter keeps static.
-  with pytest.raises(ArtifactError, match="symbolic batch dim: while converting Shape node"):
+  # Keras 3's Flatten reads the batch size with a Shape op: a symbolic dim flows through it.
+  jaxport.export(jax_fn, params, path=tmp_path / "poly", batch_polymorphic=True)
+  fn, loaded = jaxport.load(tmp_path / "poly")
+  for batch in (1, 3):
+    x = _normal(batch, 6, 6, 2)
+    np.testing.assert_allclose(jax.jit(fn)(loaded, x)[0], model(x).numpy(), atol=1e-5)
+
+
+def _batch_sized_function():
+  """A function whose shapes need the batch size as a number: a size computed in floats from it."""
+  @tf.function
+  def f(x):
+    n = tf.cast(tf.sqrt(tf.cast(tf.shape(x)[0], tf.float32)), tf.int32)
+    return tf.reduce_sum(x, axis=1) + tf.reduce_sum(tf.ones([n]))
+  return f
+
+
+def test_a_function_that_needs_a_concrete_batch_fails_batch_polymorphic_export(tmp_path):
+  jax_fn, params = jaxport.convert(_batch_sized_function(), tf.TensorSpec([None, 2], tf.float32))
+  with pytest.raises(ArtifactError, match="symbolic batch dim: while converting Fill node"):
     jaxport.export(jax_fn, params, path=tmp_path / "poly", batch_polymorphic=True)
 
 
@@ -244,9 +263,55 @@ def test_batch_polymorphic_needs_an_unknown_batch_dim_at_conversion(tmp_path):
   jax_fn, params = jaxport.convert(lambda t: tf.reduce_sum(t, axis=1), x)
   with pytest.raises(ArtifactError, match="TensorSpec"):
     jaxport.export(jax_fn, params, x, path=tmp_path / "p", batch_polymorphic=True)
+  spec_fn, spec_params = jaxport.convert(lambda t: tf.reduce_sum(t, axis=1), tf.TensorSpec([None, 3]))
   with pytest.raises(ShapeMismatchError, match="batch_polymorphic"):
-    spec_fn, spec_params = jaxport.convert(lambda t: tf.reduce_sum(t, axis=1), tf.TensorSpec([None, 3]))
-    jaxport.export(spec_fn, spec_params, path=tmp_path / "q")
+    jaxport.export(spec_fn, spec_params, path=tmp_path / "q", batch_polymorphic=False)
+
+
+def test_an_unknown_batch_dim_stays_symbolic_by_default(tmp_path):
+  w = _normal(3, 2)
+  jax_fn, params = jaxport.convert(lambda t, n: tf.tanh(tf.matmul(t, w)) * n, tf.TensorSpec([None, 3]),
+                                   tf.TensorSpec([], tf.float32))
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", artifact.BatchFallbackWarning)
+    manifest = jaxport.export(jax_fn, params, path=tmp_path / "a", platforms=("cpu",))
+  assert manifest["batch_polymorphic"]
+  assert [leaf["shape"] for leaf in manifest["inputs"]["leaves"]] == [["b", 3], []]   # scalars stay scalars
+  fn, loaded = jaxport.load(tmp_path / "a")
+  for batch in (1, 4, 7):
+    x = _normal(batch, 3)
+    np.testing.assert_allclose(jax.jit(fn)(loaded, x, np.float32(2))[0], np.tanh(x @ w) * 2, atol=1e-6)
+  # example inputs given: their shapes, as before
+  manifest = jaxport.export(jax_fn, params, _normal(5, 3), np.float32(1), path=tmp_path / "b", platforms=("cpu",))
+  assert not manifest["batch_polymorphic"] and manifest["inputs"]["leaves"][0]["shape"] == [5, 3]
+
+
+def test_a_function_that_cannot_be_batch_polymorphic_falls_back_with_a_warning(tmp_path):
+  f = _batch_sized_function()
+  jax_fn, params = jaxport.convert(f, tf.TensorSpec([None, 2], tf.float32))
+  with pytest.warns(artifact.BatchFallbackWarning, match=r"symbolic batch dim \(while converting Fill node.*"
+                    r"exported for batch 1.*jaxport convert --batch N"):
+    lowered = artifact.lower(jax_fn, params, platforms=("cpu",))
+  assert "Fill node" in lowered.batch_fallback and not lowered.manifest["batch_polymorphic"]
+  lowered.write(tmp_path / "a")
+  fn, loaded = jaxport.load(tmp_path / "a")
+  x = _normal(1, 2)
+  np.testing.assert_allclose(fn(loaded, x)[0], f(x).numpy(), atol=1e-6)
+  with pytest.raises(ShapeMismatchError, match=r"\(1, 2\)"):
+    fn(loaded, _normal(3, 2))
+
+
+def test_the_batch_fallback_does_not_hide_other_errors(tmp_path):
+  # an unknown dim other than the batch: no fixed batch helps, the shape error is raised
+  jax_fn, params = jaxport.convert(lambda t: tf.reduce_sum(t, axis=1), tf.TensorSpec([None, None]))
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", artifact.BatchFallbackWarning)
+    with pytest.raises(ShapeMismatchError, match=r"unknown dims \(1, None\)"):
+      jaxport.export(jax_fn, params, path=tmp_path / "a")
+    with jaxport.override_config("force_tier", "callback"):
+      cb_fn, cb_params = jaxport.convert(lambda t: tf.sin(t), tf.TensorSpec([None, 2]))
+    with pytest.raises(ArtifactError, match="host callbacks"):
+      jaxport.export(cb_fn, cb_params, path=tmp_path / "b")
 
 
 # --------------------------------------------------------------------------- tampering
@@ -430,5 +495,36 @@ def test_export_records_versions_hashes_and_the_conversion_report(cnn):
   assert set(manifest["files"]) == {artifact.FUNCTION_FILE, artifact.PARAMS_FILE}
   assert all(len(f["sha256"]) == 64 for f in manifest["files"].values())
   assert manifest["conversion"]["converts"] and manifest["conversion"]["total"]["tiers"]["native"]["nodes"] > 0
-  assert manifest["vjp_order"] == 1 and manifest["platforms"] == ["cpu", "cuda"]
+  assert manifest["vjp_order"] == 0 and manifest["platforms"] == ["cpu", "cuda"]   # load's fn differentiates itself
   assert {p["name"] for p in manifest["params"]} == set(cnn[1])
+
+
+def test_vjp_order_1_serializes_the_vjp_for_exported_call(tmp_path):
+  w = _normal(3, 2)
+  jax_fn, params = jaxport.convert(lambda t: tf.tanh(tf.matmul(t, w)), _normal(2, 3))
+  x = _normal(2, 3)
+  for order in (0, 1):
+    manifest = jaxport.export(jax_fn, params, path=tmp_path / str(order), platforms=("cpu",), vjp_order=order)
+    assert manifest["vjp_order"] == order
+    fn, loaded = jaxport.load(tmp_path / str(order))
+    expected = jax.grad(lambda v: jnp.sum(jax_fn(params, v)[0]))(x)
+    np.testing.assert_allclose(jax.grad(lambda v: jnp.sum(fn(loaded, v)[0]))(x), expected, atol=1e-6)
+    via_exported = lambda v: jnp.sum(fn.exported.call(*fn.flat_inputs(loaded, v))[0])
+    if order:
+      np.testing.assert_allclose(jax.grad(via_exported)(x), expected, atol=1e-6)
+    else:
+      with pytest.raises(ValueError, match="No VJP"):
+        jax.grad(via_exported)(x)
+  with pytest.raises(ArtifactError, match="vjp_order=2"):
+    jaxport.export(jax_fn, params, path=tmp_path / "2", vjp_order=2)
+
+
+def test_scalar_params_keep_their_shape(tmp_path):
+  v = tf.Variable(2.0)
+  x = _normal(3)
+  jax_fn, params = jaxport.convert(tf.function(lambda t: t * v), x)
+  jaxport.export(jax_fn, params, path=tmp_path / "a", platforms=("cpu",))
+  fn, loaded = jaxport.load(tmp_path / "a")
+  assert [p["shape"] for p in fn.manifest["params"]] == [[]]
+  np.testing.assert_allclose(fn(loaded, x)[0], x * 2)
+  np.testing.assert_allclose(jax_fn(loaded, x)[0], x * 2)   # the loaded params fit the converted function too

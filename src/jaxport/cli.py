@@ -132,6 +132,8 @@ def _cmd_convert(args) -> int:
     if unknown or not platforms:
       raise ValueError(f"--platforms {args.platforms!r}: pick from {', '.join(_PLATFORMS)} (comma-separated)")
     _check_out_dir(args.out)
+    if args.batch is not None and (args.batch < 1 or args.batch_polymorphic):
+      raise ValueError(f"--batch {args.batch}: pass a batch size of 1 or more, and not with --batch-polymorphic")
     if not args.debug:
       _quiet_tensorflow()
   except Exception as e:
@@ -148,19 +150,34 @@ def _cmd_convert(args) -> int:
       with stages.stage("convert", source.name):
         jax_fn, params = source.convert()
       with stages.stage("lower", ", ".join(platforms) + (" (batch-polymorphic)" if args.batch_polymorphic else "")):
-        example_args, example_kwargs = artifact.example_inputs(jax_fn, args.batch)
-        lowered = artifact.lower(jax_fn, params, *example_args, platforms=platforms,
-                                 batch_polymorphic=args.batch_polymorphic, **example_kwargs)
+        lowered = _lower(artifact, jax_fn, params, platforms, args)
+      if lowered.batch_fallback:   # on stderr: the JSON on stdout stays clean
+        print(f"jaxport convert: note: {source.name} cannot keep a symbolic batch dim ({lowered.batch_fallback}); "
+              f"wrote an artifact for batch {artifact.FALLBACK_BATCH}. Pass --batch N to export another batch "
+              "size.", file=sys.stderr)
       with stages.stage("write", args.out):
         manifest = lowered.write(args.out)
     except Exception as e:
       return _input_error(e, args, code=1)
-  summary = _convert_summary(args, source.name, manifest, stages.seconds)
+  summary = dict(_convert_summary(args, source.name, manifest, stages.seconds), batch_fallback=lowered.batch_fallback)
   if args.json:
     print(json.dumps(summary, indent=2))
   else:
     _print_convert_summary(summary)
   return 0
+
+
+def _lower(artifact, jax_fn, params, platforms, args):
+  """The model's function lowered: for --batch N at that batch; with --batch-polymorphic with a symbolic
+  batch dim, or failing; by default with a symbolic batch dim where its input specs leave it unknown and
+  the model allows it, else at batch 1 (`batch_fallback` says why)."""
+  if args.batch is None and not args.batch_polymorphic:
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore", artifact.BatchFallbackWarning)   # printed as a note instead
+      return artifact.lower(jax_fn, params, platforms=platforms)
+  example_args, example_kwargs = artifact.example_inputs(jax_fn, args.batch or 1)
+  return artifact.lower(jax_fn, params, *example_args, platforms=platforms,
+                        batch_polymorphic=args.batch_polymorphic, **example_kwargs)
 
 
 def _check_out_dir(out: str) -> None:
@@ -198,7 +215,7 @@ def _print_convert_summary(s: dict) -> None:
   from rich.markup import escape
   from rich.table import Table
   def arrays(entries):
-    return "\n".join(f"{escape(e['name'])}  {e['dtype']}[{', '.join(map(str, e['shape']))}]" for e in entries) or "-"
+    return "\n".join(escape(f"{e['name']}  {e['dtype']}[{', '.join(map(str, e['shape']))}]") for e in entries) or "-"
   table = Table(title=f"jaxport convert: {escape(s['source'])} → {escape(s['out'])}", title_justify="left",
                 show_header=False)
   table.add_column(style="bold")
@@ -369,9 +386,11 @@ def main(argv=None) -> int:
   convert.add_argument("out", metavar="OUT", help="the artifact directory to write (new, empty, or an earlier artifact)")
   convert.add_argument("--platforms", default="cpu,cuda", help="platforms to lower for, comma-separated "
                        "(cpu, cuda, rocm, tpu; default: cpu,cuda)")
-  convert.add_argument("--batch-polymorphic", action="store_true", help="export with a symbolic leading (batch) dim")
-  convert.add_argument("--batch", type=int, default=1, help="the batch size to export when the model's batch dim "
-                       "is unknown and --batch-polymorphic is off (default: 1)")
+  convert.add_argument("--batch-polymorphic", action="store_true", help="export with a symbolic leading (batch) dim "
+                       "on every input, or fail (default: symbolic where the model's batch dim is unknown and it "
+                       "can be exported so, else batch 1 with a note)")
+  convert.add_argument("--batch", type=int, default=None, help="export for this fixed batch size where the model's "
+                       "batch dim is unknown (default: keep it symbolic)")
   convert.add_argument("--signature", metavar="NAME", help="the SavedModel signature or function to convert")
   convert.add_argument("--json", action="store_true", help="print the summary as JSON")
   convert.add_argument("--debug", action="store_true", help="show TF's logs and tracebacks")

@@ -175,5 +175,9 @@ class InvalidNodeError(JaxportError, ValueError):
   names the node and quotes TF's rule."""
 
 
+class BatchFallbackWarning(UserWarning):
+  """An export without example inputs could not keep the batch dim symbolic and fixed it instead."""
+
+
 class DtypeCastWarning(UserWarning):
   """An input or param of another dtype was cast to the traced dtype (`strict_dtype_check` off)."""

@@ -557,6 +557,20 @@ def test_polymorphic_shapes_at_several_batch_sizes():
     assert jit_f._cache_size() == 3
 
 
+def test_polymorphic_module_traced_with_symbolic_dims():
+  """JAX -> TF -> jaxport -> TF: jax2tf traces jaxport's function (an XlaCallModule) with a symbolic dim."""
+  def fn(x, y):
+    return jnp.broadcast_to(x, y.shape), x + y
+
+  polys = ["(b, _)", "(_, b, _)"]
+  signature = [tf.TensorSpec((None, 4), tf.float32), tf.TensorSpec((2, None, 4), tf.float32)]
+  f = jaxport.convert_functional(_jax2tf(fn, signature, polymorphic_shapes=polys), *signature)
+  back = _jax2tf(jax.jit(f), signature, polymorphic_shapes=polys)
+  for b in (1, 3):
+    x, y = _normal(b, 4), _normal(2, b, 4)
+    _assert_close([o.numpy() for o in back(x, y)], list(fn(x, y)), Case(None), f"batch {b}")
+
+
 def test_polymorphic_shape_constraints_are_asserted():
   def fn(x):   # "2*b": the batch must be even
     return jnp.reshape(x, (2, -1, 3)).sum(axis=0)

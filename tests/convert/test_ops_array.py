@@ -44,6 +44,48 @@ def test_shape_of_traced_input_is_numpy():
   np.testing.assert_array_equal(seen[1], [3, 4])   # per-example shape under vmap
 
 
+def _shape_arithmetic(x):   # tf2jax's test_polymorphic_shape program
+  shape = shape_of(x)
+  new_shape = tf.stack([tf.pow(shape[0], 1), shape[1]], axis=0)
+  out = tf.broadcast_to(tf.sin(x), new_shape)
+  out = tf.concat([out] * 2, axis=0)
+  out = tf.concat([out] * 2, axis=1)
+  total = tf.cast(raw.Size(input=x), tf.float32) + tf.reduce_sum(tf.zeros(shape[:1]))
+  return out / tf.cast(shape[0], tf.float32), shape, total
+
+
+def test_shape_with_symbolic_dims_under_jax_export():
+  tf_fn = tf.function(_shape_arithmetic, autograph=False)
+  fn = jaxport.convert_functional(tf_fn, tf.TensorSpec((None, 4)))
+  b, = jax.export.symbolic_shape("b")
+  spec = jax.ShapeDtypeStruct((b, 4), np.float32)
+  exported = jax.export.export(jax.jit(fn))(spec)
+  assert [a.shape for a in exported.out_avals] == [(2 * b, 8), (2,), ()]
+  loss = lambda x: jax.numpy.sum(fn(x)[0] ** 2)   # noqa: E731
+  grad = jax.export.export(jax.jit(jax.grad(loss)))(spec)
+  for n in (1, 3, 9):
+    x = rs.normal(size=(n, 4)).astype(np.float32)
+    for got, want in zip(exported.call(x), tf_fn(x)):
+      assert_close(got, want.numpy(), atol=1e-6, rtol=1e-5)
+    xt = tf.constant(x)
+    with tf.GradientTape() as tape:
+      tape.watch(xt)
+      want = tf.reduce_sum(tf_fn(xt)[0] ** 2)
+    assert_close(grad.call(x), tape.gradient(want, xt).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("with_gradient", [False, True])
+def test_shape_with_symbolic_dims_jax2tf_round_trip(with_gradient):
+  from jax.experimental import jax2tf
+  tf_fn = tf.function(lambda x: _shape_arithmetic(x)[0], autograph=False)
+  fn = jax.jit(jaxport.convert_functional(tf_fn, tf.TensorSpec((None, 4))))
+  back = tf.function(jax2tf.convert(fn, polymorphic_shapes=["(b, _)"], with_gradient=with_gradient),
+                     autograph=False).get_concrete_function(tf.TensorSpec((None, 4)))
+  assert back.structured_outputs.shape.as_list() == [None, 8]
+  x = rs.normal(size=(5, 4)).astype(np.float32)
+  assert_close(back(x).numpy(), tf_fn(x).numpy(), atol=1e-6, rtol=1e-5)
+
+
 @pytest.mark.parametrize("s0,s1", [([2, 1, 3], [1, 1]), ([1], [1]), ([], [2, 1]), ([4, 1], [3]),
                                    ([2, 3], [2, 3]), ([1, 3], [2, 1])])
 def test_broadcast_args_and_gradient_args(s0, s1):

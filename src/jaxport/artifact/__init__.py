@@ -5,9 +5,10 @@ serialized StableHLO (`jax.export`), the params as safetensors and a JSON manife
 `load(path)` gives `(fn, params)` back with `convert`'s calling convention, without TensorFlow,
 pickle or any code read from the files.
 """
-from jaxport.artifact._export import LoweredArtifact, conversion_report, example_inputs, export, lower
+from jaxport.artifact._export import (FALLBACK_BATCH, BatchFallbackWarning, LoweredArtifact, conversion_report,
+                                      example_inputs, export, lower)
 from jaxport.artifact._load import LoadedFunction, load
 from jaxport.artifact._manifest import FORMAT_VERSION, FUNCTION_FILE, MANIFEST, PARAMS_FILE
 
 __all__ = ["export", "load", "lower", "example_inputs", "conversion_report", "LoadedFunction", "LoweredArtifact",
-           "FORMAT_VERSION", "MANIFEST", "FUNCTION_FILE", "PARAMS_FILE"]
+           "BatchFallbackWarning", "FALLBACK_BATCH", "FORMAT_VERSION", "MANIFEST", "FUNCTION_FILE", "PARAMS_FILE"]

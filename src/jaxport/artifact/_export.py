@@ -17,15 +17,17 @@ import dataclasses
 import json
 import os
 import sys
+import warnings
 from typing import Any, Callable
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 
 from jaxport.artifact import _manifest as mf
 from jaxport.artifact._structure import Structure, encode
-from jaxport.errors import ArtifactError, JaxportError, ShapeMismatchError
+from jaxport.errors import ArtifactError, BatchFallbackWarning, DynamicShapeError, JaxportError, ShapeMismatchError
 
 CALLING_CONVENTION = ("flat inputs: params (in `params` order), the array leaves of (args, kwargs) (in "
                       "`inputs.leaves` order), then the rng key data when `rng` is set; flat outputs: the array "
@@ -39,6 +41,7 @@ class LoweredArtifact:
   serialized: bytes
   arrays: dict[str, np.ndarray]
   manifest: dict[str, Any]
+  batch_fallback: str | None = None   # why an automatic batch-polymorphic export fell back to a fixed batch
 
   def write(self, path: str | os.PathLike) -> dict[str, Any]:
     """Writes the artifact directory (created if needed); returns the manifest written."""
@@ -72,41 +75,89 @@ def _write_file(path: str, data: bytes) -> None:
 
 
 def export(jax_fn: Callable, params: dict, *example_args, path: str | os.PathLike,
-           platforms: tuple[str, ...] = ("cpu", "cuda"), batch_polymorphic: bool = False,
-           **example_kwargs) -> dict[str, Any]:
+           platforms: tuple[str, ...] = ("cpu", "cuda"), batch_polymorphic: bool | None = None,
+           vjp_order: int = 0, **example_kwargs) -> dict[str, Any]:
   """Writes `jax_fn` (a converted function) and `params` to the directory `path`; returns the manifest.
 
   `example_args`/`example_kwargs` give the input shapes and dtypes (arrays, `jax.ShapeDtypeStruct`s,
   `tf.TensorSpec`s); without any, those `jaxport.convert` traced with are used. Non-array leaves (bools,
-  strings, None) are fixed at export. `platforms` are lowered together into one module. With
-  `batch_polymorphic=True` the leading dim of every input (of rank 1 and up) is the symbolic `b`.
-  `jaxport.load(path)` gives the function back, without TensorFlow.
+  strings, None) are fixed at export. `platforms` are lowered together into one module.
+
+  `batch_polymorphic`: None (default) keeps an unknown leading (batch) dim of the traced input specs
+  symbolic (`b`) when no example inputs are given, and falls back to batch 1 with a
+  `BatchFallbackWarning` when the function cannot be exported that way; True makes the leading dim of
+  every input (of rank 1 and up) `b`, or fails; False never does. `vjp_order=1` also serializes the
+  VJP, which only `fn.exported.call` needs under `jax.grad` (`jaxport.load`'s function differentiates
+  itself); it costs a second, bigger lowering. `jaxport.load(path)` gives the function back, without
+  TensorFlow.
   """
   return lower(jax_fn, params, *example_args, platforms=platforms, batch_polymorphic=batch_polymorphic,
-               **example_kwargs).write(path)
+               vjp_order=vjp_order, **example_kwargs).write(path)
+
+
+FALLBACK_BATCH = 1   # the batch an automatic export fixes when the function cannot be batch-polymorphic
 
 
 def lower(jax_fn: Callable, params: dict, *example_args, platforms: tuple[str, ...] = ("cpu", "cuda"),
-          batch_polymorphic: bool = False, **example_kwargs) -> LoweredArtifact:
-  """What `export` does before writing: checks, traces and lowers `jax_fn` (see `export`)."""
+          batch_polymorphic: bool | None = None, vjp_order: int = 0, **example_kwargs) -> LoweredArtifact:
+  """What `export` does before writing: checks, traces and lowers `jax_fn` (see `export`). When an automatic
+  batch-polymorphic export fell back to a fixed batch, `LoweredArtifact.batch_fallback` says why."""
   platforms = tuple(p.lower() for p in ([platforms] if isinstance(platforms, str) else platforms))
   if not platforms:
     raise ArtifactError("platforms is empty; pass the platforms to lower for, e.g. ('cpu', 'cuda').")
+  if vjp_order not in (0, 1):
+    raise ArtifactError(f"vjp_order={vjp_order!r}: pass 0 (the default) or 1 (also serialize the VJP).")
   report = conversion_report(jax_fn)
   callbacks = [row["op"] for row in (report or {}).get("rows", []) if row["tier"] == "callback"]
   if callbacks:
     raise ArtifactError(f"ops {', '.join(callbacks)} run in TensorFlow through host callbacks (tier 3), which "
                         "cannot be exported; check `jaxport inspect`, then add native rules for them or "
                         "rewrite the model to avoid them.")
-  if not example_args and not example_kwargs and hasattr(jax_fn, "_input_structure"):
+  given = bool(example_args or example_kwargs)
+  if not given and hasattr(jax_fn, "_input_structure"):
     example_args, example_kwargs = jax_fn._input_structure
-  keys = list(params)
   bad = [repr(k) for k, v in params.items() if not isinstance(k, str) or not hasattr(v, "dtype")]
   if bad:
     raise ArtifactError(f"params must be a flat dict of arrays keyed by name (as jaxport.convert returns them); "
                         f"these entries are not: {', '.join(bad[:5])}.")
-  arrays = {k: np.ascontiguousarray(np.asarray(v), jax.dtypes.canonicalize_dtype(np.asarray(v).dtype))
-            for k, v in params.items()}
+  auto = batch_polymorphic is None
+  if not auto:
+    return _lower(jax_fn, params, example_args, example_kwargs, platforms, "all" if batch_polymorphic else None,
+                  vjp_order, report)
+  if given or not _unknown_batch(example_args, example_kwargs):
+    return _lower(jax_fn, params, example_args, example_kwargs, platforms, None, vjp_order, report)
+  try:
+    return _lower(jax_fn, params, example_args, example_kwargs, platforms, "unknown", vjp_order, report)
+  except Exception as e:   # retried at a fixed batch; an error there is the function's own and is raised
+    why = getattr(e, "reason", None) or f"{type(e).__name__}: {_first_line(e)}"
+  fixed_args, fixed_kwargs = example_inputs(jax_fn, FALLBACK_BATCH)
+  lowered = _lower(jax_fn, params, fixed_args, fixed_kwargs, platforms, None, vjp_order, report)
+  lowered.batch_fallback = why
+  warnings.warn(BatchFallbackWarning(
+      f"{lowered.manifest['name']} cannot be exported with a symbolic batch dim ({why}); exported for batch "
+      f"{FALLBACK_BATCH} instead. To export another batch size, pass example inputs of that size "
+      "(jaxport.export(fn, params, x, path=...)) or run `jaxport convert --batch N`."), stacklevel=3)
+  return lowered
+
+
+def _unknown_batch(args, kwargs) -> bool:
+  """Whether some example input leaves its leading dim unknown (a TensorSpec([None, ...]))."""
+  import tree
+  for x in tree.flatten((tuple(args), dict(kwargs))):
+    dims = _dims(x.shape) if _is_input_array(x) and hasattr(x, "shape") else None
+    if dims and dims[0] is None:
+      return True
+  return False
+
+
+def _lower(jax_fn, params, example_args, example_kwargs, platforms, symbolic: str | None, vjp_order: int,
+           report) -> LoweredArtifact:
+  """One lowering. `symbolic`: None (concrete shapes), "all" (every input's leading dim is `b`) or
+  "unknown" (the leading dims left unknown are `b`)."""
+  batch_polymorphic = symbolic is not None
+  keys = list(params)
+  # np.asarray(order="C"), not np.ascontiguousarray: that makes 0-d params (e.g. CLIP's logit_scale) 1-d.
+  arrays = {k: np.asarray(v, jax.dtypes.canonicalize_dtype(np.asarray(v).dtype), order="C") for k, v in params.items()}
   dtypes = {k: mf.dtype_name(a.dtype) for k, a in arrays.items()}
   flags = getattr(jax_fn, "trainable", None) or {}
   trainable = {k: bool(flags.get(k, getattr(params[k], "trainable", True))) for k in keys}
@@ -114,49 +165,62 @@ def lower(jax_fn: Callable, params: dict, *example_args, platforms: tuple[str, .
   in_node, in_leaves, in_paths = encode((tuple(example_args), dict(example_kwargs)), _is_input_array, "")
   input_structure = Structure.read(in_node, len(in_leaves), ArtifactError, "inputs")
   batch = jax.export.symbolic_shape(mf.BATCH_DIM)[0] if batch_polymorphic else None
-  in_specs = [_input_spec(x, p, batch) for x, p in zip(in_leaves, in_paths)]
+  in_specs = [_input_spec(x, p, batch, only_unknown=symbolic == "unknown") for x, p in zip(in_leaves, in_paths)]
   requires_rng = bool(getattr(jax_fn, "requires_rng", False))
-  key_data = jax.random.key_data(jax.random.key(0))
-  rng_impl = str(jax.random.key_impl(jax.random.key(0)))
+  key_data, rng_impl = _rng_spec() if requires_rng else (None, None)
   param_specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays.values()]
   specs = param_specs + in_specs + ([jax.ShapeDtypeStruct(key_data.shape, key_data.dtype)] if requires_rng else [])
   name = str(getattr(jax_fn, "__name__", "function"))
   n_params, n_inputs = len(keys), len(in_specs)
   recorded: dict[str, Any] = {}
 
-  def flat_fn(state_keys, *flat):
+  def flat_fn(*flat):
     p = dict(zip(keys, flat[:n_params]))
     args, kwargs = input_structure.unflatten(list(flat[n_params:n_params + n_inputs]))
     rng = jax.random.wrap_key_data(flat[-1], impl=rng_impl) if requires_rng else None
     outputs, new_params = jax_fn(p, *args, rng=rng, **kwargs)
     node, leaves, paths = encode(outputs, _is_output_array, "outputs")
-    recorded.update(node=node, paths=paths)
+    recorded.update(node=node, paths=paths, n_out=len(leaves))
     return (tuple(jnp.asarray(x) for x in leaves)
-            + tuple(jnp.asarray(new_params[k], arrays[k].dtype) for k in state_keys))
+            + tuple(jnp.asarray(new_params[k], arrays[k].dtype) for k in keys))
 
   try:
-    state_keys = _updated_params(flat_fn, keys, specs)
-    exported = jax.export.export(jax.jit(lambda *flat: flat_fn(state_keys, *flat)), platforms=platforms)(*specs)
+    # One trace of the converted function: its jaxpr says which params it updates, and jax.export lowers
+    # the jaxpr (replayed, much cheaper than tracing the conversion again) without the others.
+    closed = jax.make_jaxpr(flat_fn)(*specs)
+    state_keys, kept = _updated_params(closed, keys, recorded["n_out"])
+    replay = jax.extend.core.jaxpr_as_fun(closed)
+
+    def pruned(*flat):
+      outs = replay(*flat)
+      return tuple(outs[i] for i in kept)
+    pruned.__name__ = name
+    exported = jax.export.export(jax.jit(pruned), platforms=platforms)(*specs)
   except ShapeMismatchError as e:
     if not batch_polymorphic:
       raise
     raise ArtifactError(f"{e} A batch-polymorphic export needs a function converted with an unknown batch dim: "
                         "convert with tf.TensorSpec([None, ...]) inputs (Keras models: model.input's specs).") from e
-  except JaxportError:
-    raise
   except Exception as e:
-    if batch_polymorphic and type(e).__name__ == "InconclusiveDimensionOperation":
+    if batch_polymorphic and (isinstance(e, DynamicShapeError)
+                              or type(e).__name__ == "InconclusiveDimensionOperation"):
       where = "; ".join(n for n in getattr(e, "__notes__", ()) if n.startswith("while converting"))
-      raise ArtifactError(f"{name} cannot be exported with a symbolic batch dim: {where or 'an op'} needs a "
-                          f"concrete size ({_first_line(e)}); export without batch_polymorphic, one artifact "
-                          "per batch size.") from e
+      error = ArtifactError(f"{name} cannot be exported with a symbolic batch dim: {where or 'an op'} needs a "
+                            f"concrete size ({_first_line(e)}); export without batch_polymorphic, one artifact "
+                            "per batch size.")
+      error.reason = f"{where or 'an op'} needs a concrete size ({_first_line(e)})"
+      raise error from e
+    if isinstance(e, JaxportError):
+      raise
     raise ArtifactError(f"jax.export cannot lower {name} for {', '.join(platforms)} ({type(e).__name__}: "
                         f"{_first_line(e)}); export for fewer platforms (e.g. platforms=('cpu',))"
                         + (" or without batch_polymorphic" if batch_polymorphic else "") + ".") from e
   try:
-    serialized, vjp_order = exported.serialize(vjp_order=1), 1
-  except Exception:   # not reverse-differentiable as JAX sees it; load's interpreter may still be
-    serialized, vjp_order = exported.serialize(vjp_order=0), 0
+    serialized = exported.serialize(vjp_order=vjp_order)
+  except Exception as e:
+    raise ArtifactError(f"jax.export cannot differentiate {name} for its serialized VJP ({type(e).__name__}: "
+                        f"{_first_line(e)}); export with vjp_order=0 (jaxport.load's function is still "
+                        "differentiable: it differentiates the interpreted module).") from e
 
   out_avals = exported.out_avals
   n_out = len(out_avals) - len(state_keys)
@@ -180,12 +244,23 @@ def lower(jax_fn: Callable, params: dict, *example_args, platforms: tuple[str, .
   return LoweredArtifact(exported, bytes(serialized), arrays, manifest)
 
 
-def _updated_params(flat_fn, keys: list[str], specs: list) -> list[str]:
-  """The params whose new value is not simply the value passed in (found in the jaxpr)."""
-  closed = jax.make_jaxpr(lambda *flat: flat_fn(keys, *flat))(*specs)
+def _rng_spec() -> tuple[jax.ShapeDtypeStruct, str]:
+  """The shape of the default PRNG implementation's key data, and its name (traced: nothing compiles)."""
+  impl = []
+
+  def key_data():
+    key = jax.random.key(0)
+    impl.append(str(jax.random.key_impl(key)))
+    return jax.random.key_data(key)
+  return jax.eval_shape(key_data), impl[0]
+
+
+def _updated_params(closed, keys: list[str], n_out: int) -> tuple[list[str], list[int]]:
+  """The params whose new value is not simply the value passed in (found in the jaxpr), and the indices
+  of the jaxpr's outputs to keep: the function's outputs, then those params' new values."""
   invars, outvars = closed.jaxpr.invars, closed.jaxpr.outvars
-  first = len(outvars) - len(keys)
-  return [k for i, k in enumerate(keys) if outvars[first + i] is not invars[i]]
+  updated = [i for i, k in enumerate(keys) if outvars[n_out + i] is not invars[i]]
+  return [keys[i] for i in updated], list(range(n_out)) + [n_out + i for i in updated]
 
 
 def _is_input_array(x) -> bool:
@@ -203,8 +278,9 @@ def _dims(shape) -> list | None:
   return list(shape.as_list() if hasattr(shape, "as_list") else shape)
 
 
-def _input_spec(x, path: str, batch) -> jax.ShapeDtypeStruct:
-  """The shape and dtype of an example input leaf (array, ShapeDtypeStruct, TensorSpec, Python number)."""
+def _input_spec(x, path: str, batch, only_unknown: bool = False) -> jax.ShapeDtypeStruct:
+  """The shape and dtype of an example input leaf (array, ShapeDtypeStruct, TensorSpec, Python number);
+  `batch` (a symbolic dim) replaces its leading dim, with `only_unknown` only where that is unknown."""
   if isinstance(x, float):
     shape, dtype = [], np.float32
   elif isinstance(x, int):
@@ -217,12 +293,13 @@ def _input_spec(x, path: str, batch) -> jax.ShapeDtypeStruct:
   else:
     arr = np.asarray(x)
     shape, dtype = list(arr.shape), arr.dtype
-  if batch is not None and shape:
+  if batch is not None and shape and (shape[0] is None or not only_unknown):
     shape[0] = batch
   if any(d is None for d in shape):
     raise ShapeMismatchError(
         f"input {path} has unknown dims {tuple(shape)}; an export needs concrete shapes: pass example arrays "
-        "(or jax.ShapeDtypeStruct) to jaxport.export, or batch_polymorphic=True when only the leading dim is unknown.")
+        "(or jax.ShapeDtypeStruct) to jaxport.export, or leave batch_polymorphic unset (or True) when only the "
+        "leading dim is unknown.")
   dtype = jax.dtypes.canonicalize_dtype(np.dtype(dtype))
   mf.dtype_name(dtype)
   return jax.ShapeDtypeStruct(tuple(shape), dtype)

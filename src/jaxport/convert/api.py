@@ -14,6 +14,7 @@ from jaxport.call_forms import CallForms
 from jaxport.convert import custom_gradient
 from jaxport.convert.graph import FuncAttr, GraphFunction, Library, decode_nodes
 from jaxport.convert.interpreter import Runtime, VariableRef, run_function
+from jaxport.convert.ops._util import has_symbolic, stage_dims
 from jaxport.convert.registry import Tier, get_rule, ops_where
 from jaxport.convert.tiers import GRAPH_INPUT_OPS, op_tier
 from jaxport.convert.signature import (InputSpec, Signature, composite_kind, check_params, is_static_leaf,
@@ -126,6 +127,8 @@ class ConvertedFunction(CallForms):
           f"{self._graph.nodes[src].op} `{src}` cannot be evaluated: the function returns a resource handle "
           "(a variable itself), which has no array value; return the variable's value instead "
           "(e.g. `v.read_value()` or `tf.identity(v)`).")
+    if has_symbolic(outs[i]):   # a shape with symbolic dims (jax.export shape polymorphism)
+      return stage_dims(outs[i])
     return jnp.asarray(outs[i])
 
   @property

@@ -44,12 +44,39 @@ def known_value(x) -> np.ndarray | None:
 
 
 def static_ints(x, what: str = "value", ctx=None) -> list[int]:
-  return [int(v) for v in np.asarray(static_value(x, what, ctx)).reshape(-1)]
+  """Ints; a symbolic dim (jax.export shape polymorphism) stays a dimension expression."""
+  return [v if is_symbolic(v) else int(v) for v in np.asarray(static_value(x, what, ctx)).reshape(-1)]
+
+
+def is_symbolic(d) -> bool:
+  """A jax.export symbolic dimension (e.g. 'b' when jax2tf traces with polymorphic_shapes)."""
+  return not isinstance(d, (int, np.integer)) and jax.export.is_symbolic_dim(d)
+
+
+def shape_value(dims, dtype) -> np.ndarray:
+  """A shape as a NumPy constant; symbolic dims make an object array of dimension expressions,
+  which NumPy shape arithmetic (slice, stack, add, mul) keeps symbolic and jnp.asarray stages."""
+  dims = tuple(dims)
+  if any(is_symbolic(d) for d in dims):
+    return np.asarray(dims, dtype=object)
+  return np.asarray(dims, dtype=dtype)
+
+
+def has_symbolic(x) -> bool:
+  """An object array holding symbolic dims (a shape_value), not strings."""
+  return isinstance(x, np.ndarray) and x.dtype == object and any(map(is_symbolic, x.flat))
+
+
+def stage_dims(x, dtype=np.int32):
+  """An object array of (symbolic) dims as a jax int array (jax.export stages the dims)."""
+  return jnp.asarray(np.asarray(x).tolist(), dtype=dtype)
 
 
 def cast(x, dtype):
   """`x.astype(dtype)`, keeping constants as NumPy."""
   if is_concrete(x):
+    if has_symbolic(x):   # symbolic dims: an int stays symbolic, else staged
+      return x if np.issubdtype(np.dtype(dtype), np.integer) else stage_dims(x).astype(dtype)
     return np.asarray(x).astype(dtype)
   return x.astype(dtype)
 

@@ -22,13 +22,16 @@ Differences from TF, by design of XLA:
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from jaxport.convert.ops import softmax_product
-from jaxport.convert.ops._util import is_concrete, known_value, static_ints, static_value, xp
+from jaxport.convert.ops._util import (cast, is_concrete, is_symbolic, known_value, shape_value, static_ints,
+                                       static_value, xp)
 from jaxport.convert.registry import register
 
 
@@ -56,6 +59,8 @@ def _dtype(m, dtype) -> np.dtype:
 
 def _as_plain(x):
   """NumPy scalars from indexing become 0-d arrays; everything else is unchanged."""
+  if is_symbolic(x):
+    return np.asarray(x, dtype=object)   # a symbolic dim from a shape's object array
   return np.asarray(x) if isinstance(x, np.generic) else x
 
 
@@ -74,17 +79,20 @@ def _concrete_values(ctx, x) -> np.ndarray:
 
 @register("Shape", size_bounded=True)
 def shape(ctx, x):
-  return np.asarray(np.shape(x), dtype=ctx.attr("out_type"))
+  return shape_value(np.shape(x), ctx.attr("out_type"))
 
 
 @register("ShapeN", size_bounded=True)
 def shape_n(ctx, *xs):
-  return [np.asarray(np.shape(x), dtype=ctx.attr("out_type")) for x in xs]
+  return [shape_value(np.shape(x), ctx.attr("out_type")) for x in xs]
 
 
 @register("Size", size_bounded=True)
 def size(ctx, x):
-  return np.asarray(np.prod(np.shape(x), dtype=np.int64), dtype=ctx.attr("out_type"))
+  n = math.prod(np.shape(x))
+  if is_symbolic(n):   # a dimension expression (jax.export shape polymorphism)
+    return np.asarray(n, dtype=object)
+  return np.asarray(np.int64(n), dtype=ctx.attr("out_type"))
 
 
 @register("Rank", size_bounded=True)
@@ -148,7 +156,7 @@ def transpose(ctx, x, perm):
 def pack(ctx, *xs):
   m = xp(*xs)
   axis = _axis(ctx, ctx.attr("axis", 0), np.ndim(xs[0]) + 1)
-  return m.stack(xs, axis=axis).astype(_dtype(m, ctx.attr("T")))
+  return cast(m.stack(xs, axis=axis), _dtype(m, ctx.attr("T")))   # symbolic dims stay symbolic
 
 
 @register("Unpack", size_bounded=True)
@@ -161,7 +169,7 @@ def unpack(ctx, x):
 def _concat(ctx, values, axis):
   m = xp(*values)
   axis = _axis(ctx, _static_int(ctx, axis, "axis"), np.ndim(values[0]))
-  return m.concatenate(values, axis=axis).astype(_dtype(m, ctx.attr("T")))
+  return cast(m.concatenate(values, axis=axis), _dtype(m, ctx.attr("T")))
 
 
 @register("ConcatV2", size_bounded=True)
@@ -224,8 +232,9 @@ def broadcast_to(ctx, x, target):
 
 @register("Fill")
 def fill(ctx, dims, value):
-  m = xp(value)
-  return m.full(_static(ctx, dims, "dims"), value, dtype=_dtype(m, ctx.attr("T")))
+  dims = _static(ctx, dims, "dims")
+  m = jnp if any(map(is_symbolic, dims)) else xp(value)   # NumPy has no symbolic dims
+  return m.full(dims, value, dtype=_dtype(m, ctx.attr("T")))
 
 
 # --------------------------------------------------------------------------- slicing

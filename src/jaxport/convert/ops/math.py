@@ -25,7 +25,7 @@ import ml_dtypes
 import numpy as np
 from jax import lax
 
-from jaxport.convert.ops._util import is_concrete, xp
+from jaxport.convert.ops._util import has_symbolic, is_concrete, stage_dims, xp
 from jaxport.convert.ops.core import runtime_check
 from jaxport.convert.registry import register
 
@@ -35,10 +35,23 @@ from jaxport.convert.registry import register
 def apply(fn, inputs):
   """`fn(xp, *inputs)` with NumPy for constants (warnings off, as TF has none) or jax.numpy."""
   module = xp(*inputs)
+  if module is np and any(map(has_symbolic, inputs)):
+    return _apply_symbolic(fn, inputs)
   if module is np:
     with np.errstate(all="ignore"):
       return np.asarray(fn(np, *[np.asarray(x) for x in inputs]))
   return fn(jnp, *inputs)
+
+
+def _apply_symbolic(fn, inputs):
+  """Inputs holding symbolic dims (object arrays): NumPy keeps integer shape arithmetic
+  symbolic; what dimension expressions cannot do (float math, casts) is staged in JAX."""
+  try:
+    out = np.asarray(fn(np, *[np.asarray(x) for x in inputs]))
+    return out if out.dtype != object or has_symbolic(out) else np.asarray(out.tolist())   # b - b: 0
+  except (jax.errors.InconclusiveDimensionOperation, TypeError, ValueError):
+    staged = [stage_dims(x) if has_symbolic(x) else x for x in inputs]
+    return fn(jnp, *staged)
 
 
 def _elementwise(*op_types):
@@ -618,6 +631,8 @@ def cast_like_tf(x, dst, truncate: bool = False):
 
 def _cast(xp, x, dst, truncate):
   src = np.dtype(x.dtype)
+  if has_symbolic(x) and jnp.issubdtype(dst, jnp.integer):
+    return x   # symbolic dims stay dimension expressions
   if xp is jnp:
     dst = _jax_dtype(dst)
   if src == dst:

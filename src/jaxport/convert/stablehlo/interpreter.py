@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from jaxport.convert.ops._util import has_symbolic
 from jaxport.convert.stablehlo.module import Block, Module, Op, TensorType
 from jaxport.errors import StableHLOError
 
@@ -175,6 +176,8 @@ def _too_big(op: Op) -> bool:
 def _as_result(value, rtype: TensorType):
   """NumPy results take the op's result dtype exactly (NumPy's promotion rules differ)."""
   if isinstance(value, (np.ndarray, np.generic)) and not isinstance(rtype.dtype, str):
+    if has_symbolic(value):   # dimension expressions (a shape_value) stay symbolic
+      return value
     if value.dtype != rtype.dtype:
       return np.asarray(value).astype(rtype.dtype)
     return np.asarray(value)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxport.convert.ops._util import is_symbolic, shape_value
 from jaxport.convert.stablehlo.elementwise import canon, is_const, jax_dtype
 from jaxport.convert.stablehlo.interpreter import handler
 from jaxport.errors import StableHLOError
@@ -20,7 +21,8 @@ def static_shape(ctx, value, what: str) -> tuple[int, ...]:
   if not is_const(value):
     raise StableHLOError(f"{ctx.op.name} in module {ctx.call.name!r}: the {what} depends on traced values; "
                          "jaxport needs it known when the function is traced")
-  return tuple(int(d) for d in np.asarray(value).reshape(-1))
+  # a symbolic dim (jax.export shape polymorphism) stays a dimension expression
+  return tuple(d if is_symbolic(d) else int(d) for d in np.asarray(value).reshape(-1))
 
 
 def _result_shape(ctx) -> tuple[int, ...]:
@@ -34,6 +36,8 @@ CONST_LIMIT = 1 << 16   # constants up to this many elements stay NumPy
 
 
 def broadcast_in_dim_to(x, shape, dims):
+  if any(map(is_symbolic, shape)):   # NumPy has no symbolic dims
+    return lax.broadcast_in_dim(canon(x), tuple(shape), tuple(int(d) for d in dims))
   dims, shape = tuple(int(d) for d in dims), tuple(int(d) for d in shape)
   if is_const(x) and int(np.prod(shape)) <= CONST_LIMIT:
     order = np.argsort(dims)
@@ -149,7 +153,7 @@ def reverse(ctx, x):
 
 @handler("stablehlo.get_dimension_size")
 def get_dimension_size(ctx, x):
-  return np.asarray(np.shape(x)[ctx.attr("dimension")], ctx.result_type.dtype)
+  return shape_value([np.shape(x)[ctx.attr("dimension")]], ctx.result_type.dtype).reshape(())
 
 
 @handler("stablehlo.set_dimension_size")
