@@ -60,14 +60,18 @@ def test_arithmetic_right_shift_of_unsigned_constants_shifts_in_the_sign_bit(dty
   np.testing.assert_array_equal(jax.jit(g)(x, y), want)
 
 
-@pytest.mark.xfail(strict=True, reason="OPEN: jax.export writes lax.logistic as 1 / (1 + exp(-x)); below x = -88 "
-                   "exp(-x) is inf and the expansion's derivative inf / inf is NaN (JAX's rule gives 0). Needs a "
-                   "rewrite of the pattern at the region level (interpreter.py / regions.py)")
-def test_logistic_gradient_where_exp_overflows_is_finite():
-  x = np.array([-100.0, -1e30, -np.inf, 0.0], np.float32)
-  g = _interpreted(lax.logistic, x)
-  got = jax.grad(lambda x: g(x).sum())(x)
-  np.testing.assert_array_equal(got, jax.grad(lambda x: lax.logistic(x).sum())(x))
+@pytest.mark.parametrize("sigmoid", [lax.logistic, jax.nn.sigmoid, jax.nn.silu, jax.nn.log_sigmoid])
+def test_logistic_gradient_where_exp_overflows_is_finite(sigmoid):
+  # jax.export writes lax.logistic as 1 / (1 + exp(-x)); below x = -88 exp(-x) is inf and that expansion's
+  # derivative inf / inf is NaN. patterns.py runs it as lax.logistic (derivative 0 there).
+  x = np.array([-100.0, -1e30, -np.inf, -20.0, 0.0, 3.0, 100.0], np.float32)
+  g = _interpreted(sigmoid, x)
+  np.testing.assert_array_equal(jax.jit(g)(x), jax.jit(sigmoid)(x))
+  want = jax.grad(lambda x: sigmoid(x).sum())(x)
+  for grad in (jax.grad(lambda x: g(x).sum()), jax.jit(jax.grad(lambda x: g(x).sum()))):
+    np.testing.assert_allclose(grad(x), want, rtol=1e-6)
+  t = np.linspace(-1, 1, x.size).astype(np.float32)
+  np.testing.assert_allclose(jax.jvp(g, (x,), (t,))[1], jax.jvp(sigmoid, (x,), (t,))[1], rtol=1e-6)
 
 
 def test_max_with_zero_differentiates_as_relu():
@@ -82,3 +86,18 @@ def test_max_with_zero_differentiates_as_relu():
   nan = np.float32([np.nan, 1.0])
   g = _interpreted(lambda x: jax.nn.relu(x), nan)
   np.testing.assert_array_equal(jax.jit(g)(nan), jax.nn.relu(nan))   # NaN propagates as lax.max's does
+
+
+def test_logaddexp_and_softplus_keep_jaxs_derivative_at_a_tie():
+  # jnp.logaddexp's custom_jvp rule is not in the module; at a == b its ops' derivative is max's tie plus abs's
+  # kink (softplus'(0) = -1/2). patterns.py runs the expansion as jnp.logaddexp.
+  x = np.array([0.0, -0.0, 1.0, -30.0, 80.0, -np.inf], np.float32)
+  g = _interpreted(jax.nn.softplus, x)
+  want = jax.grad(lambda x: jax.nn.softplus(x).sum())(x)
+  np.testing.assert_allclose(jax.jit(jax.grad(lambda x: g(x).sum()))(x), want, rtol=1e-6)
+  a, b = np.float32([0.5, 2.0, -1.0]), np.float32([0.5, -3.0, 4.0])
+  h = _interpreted(jnp.logaddexp, a, b)
+  grads = jax.grad(lambda a, b: h(a, b).sum(), argnums=(0, 1))(a, b)
+  for got, expected in zip(grads, jax.grad(lambda a, b: jnp.logaddexp(a, b).sum(), argnums=(0, 1))(a, b)):
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+  np.testing.assert_allclose(jax.jit(h)(a, b), jnp.logaddexp(a, b), rtol=1e-6)

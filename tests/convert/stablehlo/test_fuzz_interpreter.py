@@ -136,17 +136,6 @@ def _complex_axes(prog, transform, inputs):
   return any((np.asarray(x) == 0).any() for x in inputs)
 
 
-@difference("unary:logistic special:logistic special:log_sigmoid special:silu special:mish", "grad jvp",
-            "an input below -88 (float32) or -11 (float16/bfloat16): exp(-x) overflows",
-            "OPEN (interpreter): jax.export writes lax.logistic as 1 / (1 + exp(-x)); where exp(-x) is inf "
-            "its derivative is inf / inf = NaN, where JAX's rule for logistic gives 0. Recognising the "
-            "pattern needs a rewrite at the region level (interpreter.py / regions.py)")
-def _logistic_overflow(prog, transform, inputs):
-  x = np.asarray(inputs[0])
-  limit = -88.0 if x.dtype == np.float32 else -11.0
-  return bool((x.astype(np.float64) < limit).any())
-
-
 @difference("special:log_sigmoid special:softplus special:mish special:i0e special:i1e special:logistic "
             "special:relu special:elu special:selu special:silu",
             "grad jvp", "an input is exactly ±0, or NaN",

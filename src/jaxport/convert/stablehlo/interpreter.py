@@ -140,7 +140,11 @@ def _run_op(op: Op, env: Env, call: Call) -> None:
   if fn is None:
     raise StableHLOError(f"StableHLO op {op.name} (in module {call.name!r}) cannot be interpreted; "
                          "please report it with the module")
-  operands = [env[v] for v in op.operands]
+  rewrite = getattr(op, "rewrite", None)   # set by patterns.annotate: the op runs as one lax primitive
+  if rewrite is not None and not all(isinstance(env[v], (np.ndarray, np.generic)) for v in rewrite[1]):
+    fn, operands = (lambda ctx, *xs: rewrite[0](*xs)), [env[v] for v in rewrite[1]]
+  else:
+    operands = [env[v] for v in op.operands]
   if operands and all(isinstance(x, (np.ndarray, np.generic)) for x in operands) and _too_big(op):
     from jaxport.convert.stablehlo.elementwise import staged
     operands = [staged(x) for x in operands]   # computed by XLA where it runs, not folded into a constant

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxport.convert.stablehlo import patterns
 from jaxport.convert.stablehlo.elementwise import ELEMENTWISE_OPS, is_const
 from jaxport.convert.stablehlo.module import Block, Module, Op, TensorType
 
@@ -42,6 +43,7 @@ def block_regions(block: Block, module: Module | None = None) -> tuple[dict[int,
   Calls of `module`'s elementwise functions (jnp.where is one) count as elementwise ops."""
   plan = getattr(block, "_jaxport_regions", None)
   if plan is None:
+    patterns.annotate(block)
     plan = _plan(block, _elementwise_functions(module) if module is not None else set())
     block._jaxport_regions = plan
   return plan
