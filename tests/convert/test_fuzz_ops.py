@@ -79,6 +79,21 @@ def _softmax_edges(case, mode):
   return _has_extreme(case)
 
 
+@difference("RealDiv Div", "complex division by exactly 0",
+            "TF's kernel gives nan+nanj; NumPy and XLA give infinities (a nonzero / 0, as C99's Annex G), "
+            "and the rule follows them")
+def _complex_div_zero(case, mode):
+  y = np.asarray(case.inputs[1])
+  return y.dtype.kind == "c" and (y == 0).any()
+
+
+@difference("UnsortedSegmentMin UnsortedSegmentMax SegmentMin SegmentMax", "NaN in the data",
+            "TF's segment min/max kernels keep or drop a NaN depending on its position in the segment "
+            "(a comparison select); the rule propagates it, like NumPy's minimum/maximum")
+def _segment_extrema_nan(case, mode):
+  return any(np.isnan(x).any() for x in _floats(case))
+
+
 @difference("LowerBound UpperBound", "NaN in an input",
             "the position of NaN in a binary search is undefined; TF and the rule search differently")
 def _search_nan(case, mode):
@@ -90,9 +105,10 @@ def _search_nan(case, mode):
             "FloorMod, Xlogy); NumPy and XLA keep denormals")
 def _denormal(case, mode):
   for x in _floats(case):
-    mag = np.abs(x)
-    if ((mag > 0) & (mag < 1.2e-38)).any():
-      return True
+    for part in (x.real, x.imag):   # flushed per component
+      mag = np.abs(part)
+      if ((mag > 0) & (mag < 1.2e-38)).any():
+        return True
   return False
 
 

@@ -168,8 +168,11 @@ def _sigmoid(x):
   return jax.nn.sigmoid(x)
 
 
-@_jax_elementwise("PopulationCount")
-def _population_count(x):
+@register("PopulationCount", size_bounded=True)
+def _population_count(ctx, x):
+  if is_concrete(x):   # 64-bit constants keep their width (jax without x64 would narrow them)
+    x = np.asarray(x)
+    return np.bitwise_count(x.view(np.dtype(f"u{x.dtype.itemsize}"))).astype(np.uint8)
   return lax.population_count(x).astype(np.uint8)
 
 
