@@ -127,8 +127,7 @@ def run_block(block: Block, args: list, call: Call, parent: Env | None) -> list:
   regions, in_regions = block_regions(block, call.module)
   run = lambda op, env_: _run_op(op, env_, call)
   for op in block.ops:
-    region = regions.get(id(op))
-    if region is not None:
+    for region in regions.get(id(op), ()):
       run_region(region, env, run)
     if id(op) not in in_regions:
       run(op, env)

@@ -38,8 +38,8 @@ class Region:
   inexact: list[int]        # indices of the floating (differentiable) outputs
 
 
-def block_regions(block: Block, module: Module | None = None) -> tuple[dict[int, Region], set[int]]:
-  """(id(op) -> the region to run just before it, ids of the ops regions run), cached on the block.
+def block_regions(block: Block, module: Module | None = None) -> tuple[dict[int, list[Region]], set[int]]:
+  """(id(op) -> the regions to run just before it, ids of the ops regions run), cached on the block.
   Calls of `module`'s elementwise functions (jnp.where is one) count as elementwise ops."""
   plan = getattr(block, "_jaxport_regions", None)
   if plan is None:
@@ -87,7 +87,7 @@ def _is_elementwise(op: Op, functions: set[str]) -> bool:
           or (op.name == "stablehlo.composite" and op.attrs.get("name") in ELEMENTWISE_OPS))
 
 
-def _plan(block: Block, functions: set[str]) -> tuple[dict[int, Region], set[int]]:
+def _plan(block: Block, functions: set[str]) -> tuple[dict[int, list[Region]], set[int]]:
   types: dict[int, TensorType] = dict(zip(block.args, block.arg_types))
   defined_at: dict[int, int] = {}
   constant: set[int] = set()
@@ -114,7 +114,7 @@ def _plan(block: Block, functions: set[str]) -> tuple[dict[int, Region], set[int
     members.setdefault(root, []).append((position, op))
 
   readers = _readers(block)
-  before: dict[int, Region] = {}
+  before: dict[int, list[Region]] = {}
   skipped: set[int] = set()
   for root, ops in members.items():
     if not _worth_wrapping(root, ops, types, constant):
@@ -129,7 +129,7 @@ def _plan(block: Block, functions: set[str]) -> tuple[dict[int, Region], set[int
     outputs = sorted(v for v, reads in reads_outside.items() if reads)
     skipped.update(id(op) for _, op in ops)
     inexact = [i for i, v in enumerate(outputs) if jnp.issubdtype(types[v].dtype, jnp.inexact)]
-    before[id(block.ops[start])] = Region(root, [op for _, op in ops], consts, outputs, inexact)
+    before.setdefault(id(block.ops[start]), []).append(Region(root, [op for _, op in ops], consts, outputs, inexact))
   return before, skipped
 
 
