@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from jaxport import config
 from jaxport.convert.ops._util import has_symbolic
 from jaxport.convert.stablehlo.module import Block, Module, Op, TensorType
 from jaxport.errors import StableHLOError
@@ -167,7 +168,6 @@ def _run_op(op: Op, env: Env, call: Call) -> None:
 
 def _too_big(op: Op) -> bool:
   """Whether `op`'s results, computed from constants, would exceed the `max_constant_bytes` limit."""
-  from jaxport import config
   size = 0
   for t in op.result_types:
     if isinstance(t.dtype, str) or not t.is_static:

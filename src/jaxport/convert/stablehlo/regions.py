@@ -68,8 +68,7 @@ def _find_elementwise_functions(module: Module) -> set[str]:
       shapes = {t.shape for t in [*fn.block.arg_types, *fn.result_types]}
       constant: set[int] = set()
       for op in fn.block.ops:
-        if op.name in _CONSTANT_SOURCES or (op.name in _CONSTANT_PRESERVING and op.operands
-                                           and all(v in constant for v in op.operands)):
+        if _makes_constant(op, constant):
           constant.update(op.results)
         elif not _is_elementwise(op, found):
           break
@@ -78,6 +77,12 @@ def _find_elementwise_functions(module: Module) -> set[str]:
           found.add(name)
           changed = True
   return found
+
+
+def _makes_constant(op: Op, constant: set[int]) -> bool:
+  """Whether `op`'s results are constants, given the values known to be (`constant`)."""
+  return op.name in _CONSTANT_SOURCES or (op.name in _CONSTANT_PRESERVING and bool(op.operands)
+                                          and all(v in constant for v in op.operands))
 
 
 def _is_elementwise(op: Op, functions: set[str]) -> bool:
@@ -96,8 +101,7 @@ def _plan(block: Block, functions: set[str]) -> tuple[dict[int, list[Region]], s
   for position, op in enumerate(block.ops):
     types.update(zip(op.results, op.result_types))
     defined_at.update((v, position) for v in op.results)
-    if op.name in _CONSTANT_SOURCES or (op.name in _CONSTANT_PRESERVING and op.operands
-                                       and all(v in constant for v in op.operands)):
+    if _makes_constant(op, constant):
       constant.update(op.results)
       continue
     if not _is_elementwise(op, functions):
