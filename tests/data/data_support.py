@@ -5,6 +5,7 @@ import pathlib
 import subprocess
 import sys
 import threading
+import time
 
 import jax
 import numpy as np
@@ -49,13 +50,18 @@ def spy_on_to_jax(monkeypatch) -> list:
 class ReadAheadProbe:
   """Tells, without a clock, whether a loader reads ahead while the training step runs.
 
-  The source calls `produced(i)` as it makes element i. Inside step k the consumer waits (up to
-  `wait_s`) for element k + 1 to appear: a loader that reads ahead makes it meanwhile; a serial
-  one cannot, since nobody asks for it before the step ends. A slow machine only lengthens the
-  wait, never flips the answer.
+  The source calls `produced(i)` as it makes element i. Inside step k the consumer works for
+  `STEP_WORK_S` (so the loader sees a training step, not a consumer waiting on data, which it
+  serves inline), then waits (up to `wait_s`) for element k + 1 to appear: a loader that reads
+  ahead makes it meanwhile; a serial one cannot, since nobody asks for it before the step ends.
+  A slow machine only lengthens the step, never flips the answer.
   """
 
+  STEP_WORK_S = 2e-3  # well above the loader's threshold for "working" (_prefetch._WORKING_S)
+
   def __init__(self, n: int):
+    from jaxport.data import _prefetch  # pylint: disable=import-outside-toplevel
+    assert self.STEP_WORK_S >= 5 * _prefetch._WORKING_S  # pylint: disable=protected-access
     self._made = [threading.Event() for _ in range(n)]
 
   def produced(self, i: int) -> None:
@@ -64,6 +70,7 @@ class ReadAheadProbe:
   def steps_that_overlapped(self, batches, wait_s: float) -> list[bool]:
     overlapped = []
     for k, _ in enumerate(batches):
+      time.sleep(self.STEP_WORK_S)
       if k + 1 < len(self._made):
         overlapped.append(self._made[k + 1].wait(wait_s))
     return overlapped
