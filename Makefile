@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench clean
+.PHONY: demo test test-full test-fast bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,7 +19,11 @@ demo: $(STAMP)
 
 # Full suite, slow model-zoo tests included (this is what CI runs).
 test: $(STAMP)
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -n 2 -m "slow or not slow" --durations=15
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -n 2 -m "(slow or not slow) and not full_corpus" --durations=15
+
+# Everything, each corpus whole (CI runs a sample of each).
+test-full: $(STAMP)
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -n 2 -m "slow or not slow or full_corpus" --durations=15
 
 test-fast: $(STAMP)
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -n 2
