@@ -226,7 +226,6 @@ KNOWN_FAILURES = {
     ("keras_hub", "deberta_v3"): ({"grad", "jvp"}, "jit(jvp) of the interpreted module gives NaN tangents only when "
                                   "XLA compiles the whole computation (eager, checkify, and a jit that also returns "
                                   "every intermediate tangent are all finite); cause not found yet"),
-    ("keras_app", "ConvNeXtTiny"): ({"grad"}, "NaN in the gradient of the first param; cause not found yet"),
 }
 
 
@@ -242,6 +241,8 @@ def test_exported_artifact_matches_the_converted_function(family, name, tmp_path
   failed = {k: v for k, v in results.items() if v is not None}
   known, reason = KNOWN_FAILURES.get((family, name), (set(), ""))
   unexpected = {k: v for k, v in failed.items() if k not in known}
+  fixed = sorted(known - set(failed))
+  assert not fixed, f"{family}/{name}: {', '.join(fixed)} now pass; remove them from KNOWN_FAILURES"
   assert not unexpected, (f"{family}/{name} (export {export_s:.1f} s): "
                           + "; ".join(f"{k}: {v}" for k, v in unexpected.items()))
   if failed:

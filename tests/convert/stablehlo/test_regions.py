@@ -115,3 +115,19 @@ def test_regions_that_start_at_the_same_op_all_run():
   grads = jax.grad(lambda x, y: sum(o.sum() for o in stablehlo.call_module(module, [x, y])), argnums=(0, 1))(x, -x)
   for got, want in zip(grads, jax.grad(lambda x, y: sum(o.sum() for o in f(x, y)), argnums=(0, 1))(x, -x)):
     np.testing.assert_array_equal(got, want)
+
+
+def test_region_over_a_large_input_whose_splat_constants_are_staged():
+  # Splat constants over more than a few KiB run as broadcast ops (traced values under jit); the region
+  # must still run as one custom_jvp (the pieces not taken overflow near 0: NaN through select's transpose).
+  x = np.linspace(-0.01, 0.01, 100_000, dtype=np.float32)
+  f = lambda x: jnp.sum(jax.nn.gelu(x, approximate=False) * jnp.cos(x))
+  g = _interpreted(f, x)
+  expected = jax.grad(f)(x)
+  for grad in (jax.grad(g), jax.jit(jax.grad(g))):
+    np.testing.assert_allclose(grad(x), expected, rtol=2e-5, atol=1e-6)
+  t = np.sin(x)
+  np.testing.assert_allclose(jax.jit(lambda x, t: jax.jvp(g, (x,), (t,))[1])(x, t), jax.jvp(f, (x,), (t,))[1],
+                             rtol=1e-4)
+  np.testing.assert_allclose(jax.jit(jax.vmap(jax.grad(g)))(np.stack([x, -x])),
+                             jax.vmap(jax.grad(f))(np.stack([x, -x])), rtol=2e-5, atol=1e-6)

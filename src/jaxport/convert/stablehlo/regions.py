@@ -167,39 +167,43 @@ def _all_reads(block: Block) -> set[int]:
 
 
 def run_region(region: Region, env, run_op) -> None:
-  """Runs the region's ops into `env`; through one custom_jvp when the root is traced and the rest constant."""
+  """Runs the region's ops into `env`; through one custom_jvp when the root is traced. Constants the
+  region reads that are not NumPy values (a large splat broadcast is staged as an op) are passed as
+  arguments with no tangent: closing over them would hide them from the transforms."""
   x = env[region.root]
-  consts = [env[v] for v in region.constants]
-  if is_const(x) or not all(is_const(c) for c in consts):
+  if is_const(x):
     for op in region.ops:
       run_op(op, env)
     return
+  staged = [v for v in region.constants if not is_const(env[v])]
 
-  def values(root):
+  def values(root, *staged_values):
     inner = type(env)(env)
     inner.values[region.root] = root
+    inner.values.update(zip(staged, staged_values))
     for op in region.ops:
       run_op(op, inner)
     return tuple(jnp.asarray(inner[v]) for v in region.outputs)
 
   wrapped = _with_forward_derivative(values, len(region.outputs), region.inexact)
-  env.values.update(zip(region.outputs, wrapped(x)))
+  env.values.update(zip(region.outputs, wrapped(x, *(env[v] for v in staged))))
 
 
 def _with_forward_derivative(fn, n: int, inexact: list[int]):
-  """`fn` (a root -> its region's outputs, elementwise) as a custom_jvp whose tangent is `fn'(x) * t`, `fn'`
-  from forward mode on unit tangents. The derivative is itself wrapped so, so higher orders stay finite too."""
-  def values_and_derivatives(x):
-    outs, derivatives = jax.jvp(fn, (x,), (jnp.ones_like(x),))
+  """`fn` (a root and constants -> the region's outputs, elementwise in the root) as a custom_jvp whose
+  tangent is `fn'(x) * t`, `fn'` from forward mode on unit tangents; the constants' tangents are zero by
+  construction. The derivative is itself wrapped so, so higher orders stay finite too."""
+  def values_and_derivatives(x, *consts):
+    outs, derivatives = jax.jvp(lambda root: fn(root, *consts), (x,), (jnp.ones_like(x),))
     return tuple(outs) + tuple(derivatives[i] for i in inexact)
 
   wrapped = jax.custom_jvp(fn)
 
   @wrapped.defjvp
   def rule(primals, tangents):
-    (x,), (t,) = primals, tangents
+    (x, *consts), t = primals, tangents[0]
     both = _with_forward_derivative(values_and_derivatives, n + len(inexact),
-                                    inexact + list(range(n, n + len(inexact))))(x)
+                                    inexact + list(range(n, n + len(inexact))))(x, *consts)
     outs, derivatives = both[:n], dict(zip(inexact, both[n:]))
     return outs, tuple(derivatives[i] * t.astype(outs[i].dtype) if i in derivatives
                        else np.zeros(np.shape(outs[i]), jax.dtypes.float0) for i in range(n))
