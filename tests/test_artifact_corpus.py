@@ -222,12 +222,7 @@ def _checks(jax_fn, params, fn, loaded, args, in_axes) -> dict[str, str | None]:
 
 
 # Open: checks that fail today, with what is known of the cause; every other check of these models must pass.
-KNOWN_FAILURES = {
-    ("keras_hub", "deberta_v3"): ({"grad", "jvp"}, "jit(jvp) of the interpreted module gives NaN tangents on every "
-                                  "output under any compile options, eagerly finite; jit(grad) is NaN from layer 1's "
-                                  "attention scores down only with xla_backend_optimization_level=0; neither the "
-                                  "select regions nor the patterns cause it (both off: still NaN); cause not found yet"),
-}
+KNOWN_FAILURES: dict[tuple[str, str], tuple[set[str], str]] = {}
 
 
 @pytest.mark.parametrize("family,name", CASES, ids=[f"{f}-{n}" for f, n in CASES])

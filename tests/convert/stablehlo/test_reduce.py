@@ -456,3 +456,35 @@ def test_cumulative_ops_over_an_axis_of_one_differentiate_as_jax(cumulative, rev
   _same(jax.jit(jax.grad(loss(g)))(x), jax.grad(loss(f))(x), tol=1e-6)
   t = np.arange(4, dtype=np.float32)[:, None] + 1
   _same(jax.jvp(g, (x,), (t,))[1], jax.jvp(f, (x,), (t,))[1], tol=1e-6)
+
+
+def test_max_tangent_survives_a_recomputed_operand():
+  # XLA may recompute max's operand in another fusion with other rounding; a row where no element then
+  # equals the max took JAX's 0/0 (DeBERTa-v3's softmax under jit(jvp): NaN on every output).
+  from jaxport.convert.stablehlo.reduce import chooser_tangent
+  x = np.array([[1.0, 3.0, 2.0], [5.0, 5.0, -1.0], [np.nan, 0.0, 1.0]], np.float32)
+  t = np.array([[10.0, 20.0, 30.0], [1.0, 3.0, 7.0], [4.0, 5.0, 6.0]], np.float32)
+  out = np.max(x, axis=1)
+  # Consistent: JAX's rule (ties averaged).
+  np.testing.assert_allclose(chooser_tangent("maximum", (1,), x, out, t), [20.0, 2.0, 0.0])
+  # Row 0's max rounded differently: its arg-max's tangent, finite.
+  drifted = out + np.array([1e-6, 0, 0], np.float32)
+  np.testing.assert_allclose(chooser_tangent("maximum", (1,), x, drifted, t), [20.0, 2.0, 0.0])
+  np.testing.assert_allclose(chooser_tangent("minimum", (0, 1), x[:2], np.float32(-1.0 - 1e-6), t[:2]), 7.0)
+
+
+def test_softmax_of_an_exported_module_differentiates_like_jax():
+  def f(s):
+    s = jnp.where(np.arange(8) < 6, s, -1e9)
+    return jax.nn.softmax(s, axis=-1) * np.cos(np.arange(8, dtype=np.float32))
+  s = np.random.RandomState(0).randn(2, 3, 8).astype(np.float32)
+  module = stablehlo.load_module(jax.export.export(jax.jit(f))(s).mlir_module_serialized)
+  g = lambda s: stablehlo.call_module(module, [s])[0]
+  t = np.sin(s)
+  np.testing.assert_allclose(jax.jit(lambda s, t: jax.jvp(g, (s,), (t,))[1])(s, t), jax.jvp(f, (s,), (t,))[1],
+                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(jax.jit(jax.grad(lambda s: g(s).sum()))(s), jax.grad(lambda s: f(s).sum())(s),
+                             rtol=1e-5, atol=1e-6)
+  batch = np.stack([s, -s])
+  np.testing.assert_allclose(jax.vmap(jax.grad(lambda s: g(s).sum()))(batch),
+                             jax.vmap(jax.grad(lambda s: f(s).sum()))(batch), rtol=1e-5, atol=1e-6)

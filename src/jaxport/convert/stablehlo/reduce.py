@@ -210,7 +210,35 @@ def _monoid_reduce(name: str, x, init, dims: tuple):
   if is_const(x) and is_const(init) and (x.dtype.kind in "biu" or name in ("maximum", "minimum")):
     with np.errstate(all="ignore"):   # exact: stays a trace-time constant
       return np.asarray(np_fn.reduce(x, axis=dims, dtype=x.dtype, initial=np.asarray(init)[()])).astype(x.dtype)
-  return _combine_init(name, reducer(jnp.asarray(canon(x)), dims), init)
+  x = jnp.asarray(canon(x))
+  if name in ("maximum", "minimum") and jnp.issubdtype(x.dtype, jnp.inexact) and dims and x.size:
+    return _combine_init(name, _chooser(name, dims, x), init)
+  return _combine_init(name, reducer(x, dims), init)
+
+
+_chooser = jax.custom_jvp(lambda name, dims, x: _MONOIDS[name][0](x, dims), nondiff_argnums=(0, 1))
+
+
+@_chooser.defjvp
+def _chooser_jvp(name, dims, primals, tangents):
+  (x,), (t,) = primals, tangents
+  out = _MONOIDS[name][0](x, dims)
+  return out, chooser_tangent(name, dims, x, out, t)
+
+
+def chooser_tangent(name: str, dims: tuple, x, out, t):
+  """JAX's rule for max/min (the tangents where x equals `out`, averaged), robust to XLA recomputing x in
+  another fusion with other rounding: a row where no element equals `out` takes its arg-max's tangent (JAX's
+  rule gives 0/0 = NaN there; seen under jit in DeBERTa, whose softmax max is differentiated, as in every
+  exported module: stop_gradient leaves no trace in StableHLO). A NaN row keeps JAX's reverse-mode answer."""
+  hit = (x == jnp.expand_dims(out, dims)).astype(t.dtype)
+  counts = jnp.sum(hit, dims)
+  averaged = jnp.sum(t * hit, dims) / jnp.maximum(counts, 1)
+  last = tuple(range(x.ndim - len(dims), x.ndim))
+  flat = lambda v: jnp.moveaxis(v, dims, last).reshape(out.shape + (-1,))
+  index = (jnp.argmax if name == "maximum" else jnp.argmin)(flat(x), axis=-1)
+  chosen = jnp.take_along_axis(flat(t), index[..., None], axis=-1)[..., 0]
+  return jnp.where((counts > 0) | jnp.isnan(out), averaged, chosen)
 
 
 # --------------------------------------------------------------------------- argmax / argmin bodies
