@@ -81,10 +81,11 @@ def _non_finite(inputs) -> bool:
   return any((~np.isfinite(x)).any() for x in _float_inputs(inputs))
 
 
-@difference("special:igamma", "grad", "always (OPEN: to fix in the interpreter's regions)",
-            "jax.export writes igamma's series as a stablehlo.while whose trip count depends on x; the "
-            "interpreter runs it as lax.while_loop, which JAX cannot reverse-differentiate (it raises). JAX "
-            "differentiates igamma by its own rule; jvp works and is compared")
+@difference("special:igamma", "grad", "always (a limitation: reverse mode raises a clear error)",
+            "jax.export writes igamma's series as a stablehlo.while whose trip count depends on x and whose "
+            "condition has no bound (only 'any element not converged'), so it can run neither as a scan nor as "
+            "a bounded masked loop; lax.while_loop, which JAX cannot reverse-differentiate, raises. JAX "
+            "differentiates igamma by its own rule, which the module does not hold; jvp works and is compared")
 def _igamma_while(prog, transform, inputs):
   return True
 
@@ -99,9 +100,10 @@ def _approx_top_k_ties(prog, transform, inputs):
 
 
 @difference("select_and_scatter:", "grad jvp", "the pooled operand holds NaN, ±inf or a repeated value",
-            "OPEN (cause not established): where a window's max (min) is tied, NaN, or -inf like the window's "
-            "init, the derivative w.r.t. the scattered source (second order of the pool) can pick another "
-            "element than JAX's select_and_scatter_add transpose; values, jit and vmap agree")
+            "where a window's max (min) is tied, NaN, or -inf like the window's init, the pool is not "
+            "differentiable there and the derivative w.r.t. the scattered source (second order of the pool) "
+            "may pick another of the tied elements than JAX's select_and_scatter_add transpose (which pairs "
+            "values with tangents in its own order); values, jit and vmap agree, and so do derivatives without ties")
 def _pool_ties(prog, transform, inputs):
   x = np.asarray(inputs[0])
   return bool((~np.isfinite(x)).any()) or len(np.unique(x)) < x.size
