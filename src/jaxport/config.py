@@ -30,7 +30,7 @@ _SCHEMA: dict[str, tuple[Any, Any, str]] = {
     "xlacallmodule_strict_checks": (True, bool, "XlaCallModule refuses platforms it was not lowered for"),
     "disable_assert_in_tensor_list_get_item": (False, bool, "skip TensorListGetItem's element dtype check"),
     "defer_softmax_normalization": (True, bool, "a Softmax consumed by a product over its axis (attention) "
-                                    "is divided by its row sums after the product"),
+                                    "is divided by its row sums after the product, on CPU (other backends keep the plain form)"),
     "skip_variables_evaluation_inside_tf_tracing": (
         False, bool, "params are zeros of their variables' shapes, not read from TF (always read as zeros inside a TF trace)"),
     # Conversion tiers (see jaxport.convert.tiers).

@@ -52,23 +52,32 @@ def test_attention_matches_tf(case):
   check(ATTENTION[case], Q, K, V, atol=2e-5, rtol=2e-5)
 
 
-def _divisions(case: str, deferred: bool) -> set[tuple[int, ...]]:
-  """Shapes of the divisions in the converted function's jaxpr."""
+def _divisions(case: str, deferred: bool, platform: str = "cpu") -> set[tuple[int, ...]]:
+  """Shapes of the divisions in the converted function's jaxpr, as compiled for `platform`."""
   with jaxport.override_config("defer_softmax_normalization", deferred):
     fn, params = jaxport.convert(ATTENTION[case], Q, K, V)
   jaxpr = jax.make_jaxpr(lambda *a: fn(params, *a)[0])(Q, K, V)
   shapes = set()
 
-  def walk(jaxpr):   # the live equations only: XLA drops the rest
+  def walk(jaxpr) -> list[bool]:
+    """Records the live divisions (XLA drops the rest); which of `jaxpr`'s inputs are live."""
     needed = {v for v in jaxpr.outvars if isinstance(v, jax.extend.core.Var)}
     for eqn in reversed(jaxpr.eqns):
       if not any(v in needed for v in eqn.outvars):
         continue
-      needed.update(v for v in eqn.invars if isinstance(v, jax.extend.core.Var))
       if eqn.primitive.name == "div":
         shapes.add(tuple(eqn.outvars[0].aval.shape))
+      chosen = eqn.params.get("branches_platforms")
+      if chosen is not None:   # a per-platform cond: XLA compiles only `platform`'s branch
+        index = next((i for i, names in enumerate(chosen) if names is not None and platform in names),
+                     next(i for i, names in enumerate(chosen) if names is None))
+        live = walk(eqn.params["branches"][index].jaxpr)
+        needed.update(v for v, used in zip(eqn.invars[1:], live) if used and isinstance(v, jax.extend.core.Var))
+        continue
+      needed.update(v for v in eqn.invars if isinstance(v, jax.extend.core.Var))
       for sub in jax.extend.core.jaxprs_in_params(eqn.params):
         walk(sub)
+    return [v in needed for v in jaxpr.invars]
   walk(jaxpr.jaxpr)
   return shapes
 
@@ -84,6 +93,17 @@ def test_the_division_moves_after_the_product_only_where_it_sums_over_the_softma
     assert not deferred & probabilities, deferred
   else:
     assert deferred == plain
+  # GPUs run the product as written (the deferred form is slower there).
+  assert _divisions(case, True, platform="cuda") == _divisions(case, False, platform="cuda") == plain
+
+
+def test_exported_for_cpu_and_cuda_each_platform_gets_its_form():
+  fn, params = jaxport.convert(ATTENTION["matmul"], Q, K, V)
+  f = lambda *a: fn(params, *a)[0]
+  exported = jax.export.export(jax.jit(f), platforms=("cpu", "cuda"))(Q, K, V)
+  np.testing.assert_allclose(exported.call(Q, K, V), f(Q, K, V), rtol=1e-6, atol=1e-7)
+  text = exported.mlir_module()
+  assert "stablehlo.case" in text   # one branch per platform, chosen by the platform index at run time
 
 
 def test_fully_masked_rows_stay_zero_and_keep_their_gradient():

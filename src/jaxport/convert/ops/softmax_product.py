@@ -4,7 +4,9 @@ the product: `(exp(s - max) @ v) / sum(exp(s - max))`, the same maths as flash a
 Why: XLA:CPU (jaxlib 0.10) puts the scores' dot, the softmax and the values' dot into one YNNPACK
 fusion that runs ~4x slower than the same ops with the division after the second dot (32 x 4 heads
 x 128 tokens: 43 ms vs 11 ms; benchmarks/README.md). The division also touches the product (d
-values per row) instead of the probabilities (n per row).
+values per row) instead of the probabilities (n per row). On GPUs the plain form is faster (an H200:
+BERT, GPT-2 and ViT 6-9% slower deferred), so the deferred form is the CPU branch of a
+`lax.platform_dependent` and other backends run the product as written.
 
 The Softmax rule records which logits each result came from (`remember`), SelectV2 which entries a
 masked softmax zeroes (`remember_masked`: Keras's masked softmax); MatMul, BatchMatMul and Einsum
@@ -68,14 +70,22 @@ def unnormalized(factors, dtype):
   return exps.astype(dtype), sums.astype(dtype)
 
 
+def _on_cpu(deferred, plain):
+  """`deferred()` where the computation runs on a CPU, `plain()` elsewhere."""
+  return lax.platform_dependent(cpu=deferred, default=plain)
+
+
 def matmul(ctx, a, b, product):
   """`product(a, b)` (a matrix product over a's last axis) normalised after the product where `a`
   is a Softmax, else None."""
   factors = factors_of(ctx, a)
   if factors is None:
     return None
-  exps, sums = unnormalized(factors, a.dtype)
-  return product(exps, b) / sums
+
+  def deferred():
+    exps, sums = unnormalized(factors, a.dtype)
+    return product(exps, b) / sums
+  return _on_cpu(deferred, lambda: product(a, b))
 
 
 def matmul_transposed_b(ctx, a, b_untransposed, product):
@@ -83,8 +93,11 @@ def matmul_transposed_b(ctx, a, b_untransposed, product):
   factors = factors_of(ctx, b_untransposed)
   if factors is None:
     return None
-  exps, sums = unnormalized(factors, b_untransposed.dtype)
-  return product(a, jnp.swapaxes(exps, -1, -2)) / jnp.swapaxes(sums, -1, -2)
+
+  def deferred():
+    exps, sums = unnormalized(factors, b_untransposed.dtype)
+    return product(a, jnp.swapaxes(exps, -1, -2)) / jnp.swapaxes(sums, -1, -2)
+  return _on_cpu(deferred, lambda: product(a, jnp.swapaxes(b_untransposed, -1, -2)))
 
 
 def einsum(ctx, equation: str, operands):
@@ -103,13 +116,18 @@ def einsum(ctx, equation: str, operands):
     axis, kept = term[-1], term[:-1]
     if axis in output or any(letter not in output for letter in kept):
       continue
-    exps, sums = unnormalized(factors, operand.dtype)
-    swapped = list(operands)
-    swapped[position] = exps
-    product = jnp.einsum(equation, *swapped)
-    # The row sums (axes `kept`) laid out on the product's axes, size 1 where they have none.
-    ordered = "".join(letter for letter in output if letter in kept)
-    sums = jnp.einsum(f"{kept}->{ordered}", jnp.squeeze(sums, -1))
-    shape = [product.shape[i] if letter in kept else 1 for i, letter in enumerate(output)]
-    return product / sums.reshape(shape)
+    return _on_cpu(lambda: _einsum_deferred(equation, operands, position, factors, kept, output),
+                   lambda: jnp.einsum(equation, *operands))
   return None
+
+
+def _einsum_deferred(equation, operands, position, factors, kept, output):
+  exps, sums = unnormalized(factors, operands[position].dtype)
+  swapped = list(operands)
+  swapped[position] = exps
+  product = jnp.einsum(equation, *swapped)
+  # The row sums (axes `kept`) laid out on the product's axes, size 1 where they have none.
+  ordered = "".join(letter for letter in output if letter in kept)
+  sums = jnp.einsum(f"{kept}->{ordered}", jnp.squeeze(sums, -1))
+  shape = [product.shape[i] if letter in kept else 1 for i, letter in enumerate(output)]
+  return product / sums.reshape(shape)
