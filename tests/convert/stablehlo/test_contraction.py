@@ -5,19 +5,14 @@ import numpy as np
 import pytest
 from jax import lax
 
+from hlo_support import as_fn, exported
 from jaxport.convert import stablehlo
 
 
 
 def _interpreted(f, *args, platforms=("cpu",)):
-  exp = jax.export.export(jax.jit(f), platforms=list(platforms))(*args)
-  module = stablehlo.load_module(exp.mlir_module_serialized)
-  missing = stablehlo.unsupported_ops(module)
-  assert not missing, missing
-  def g(*a):
-    out = stablehlo.call_module(module, list(a))
-    return out[0] if len(out) == 1 else tuple(out)
-  return g, module
+  module, _ = exported(f, *args, platforms=platforms)
+  return as_fn(module), module
 
 
 def _close(a, b, tol):

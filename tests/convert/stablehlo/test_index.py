@@ -5,25 +5,19 @@ import numpy as np
 import pytest
 from jax import lax
 
+from hlo_support import as_fn, exported
 from jaxport.convert import stablehlo
 
 
 
 
 def _module(f, *args):
-  exp = jax.export.export(jax.jit(f), platforms=["cpu"])(*args)
-  module = stablehlo.load_module(exp.mlir_module_serialized)
-  missing = stablehlo.unsupported_ops(module)
-  assert not missing, missing
-  return module
+  return exported(f, *args)[0]
 
 
 def _interpreted(f, *args):
   module = _module(f, *args)
-  def g(*a):
-    out = stablehlo.call_module(module, list(a))
-    return out[0] if len(out) == 1 else tuple(out)
-  return g, module
+  return as_fn(module), module
 
 
 def _check(f, *args, ops=(), grad=None, vmap=True):

@@ -6,18 +6,13 @@ import pytest
 from jax import lax
 
 import jaxport
+from hlo_support import as_fn, exported
 from jaxport.convert import stablehlo
 
 
 def _interpreted(f, *args):
-  exp = jax.export.export(jax.jit(f), platforms=["cpu"])(*args)
-  module = stablehlo.load_module(exp.mlir_module_serialized)
-  missing = stablehlo.unsupported_ops(module)
-  assert not missing, missing
-  def g(*a):
-    out = stablehlo.call_module(module, list(a))
-    return out[0] if len(out) == 1 else tuple(out)
-  return g, exp, module
+  module, exp = exported(f, *args)
+  return as_fn(module), exp, module
 
 
 def _same(got, want):

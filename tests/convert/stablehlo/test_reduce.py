@@ -6,24 +6,17 @@ import pytest
 from jax import lax
 
 import jaxport
+from hlo_support import as_fn, exported
 from jaxport.convert import stablehlo
 from jaxport.convert.stablehlo import reduce as reduce_family
 
 
 
 def _module(f, *args):
-  exp = jax.export.export(jax.jit(f), platforms=["cpu"])(*args)
-  module = stablehlo.load_module(exp.mlir_module_serialized)
-  missing = stablehlo.unsupported_ops(module)
-  assert not missing, missing
-  return module
+  return exported(f, *args)[0]
 
 
-def _as_fn(module):
-  def g(*a):
-    out = stablehlo.call_module(module, list(a))
-    return out[0] if len(out) == 1 else tuple(out)
-  return g
+_as_fn = as_fn
 
 
 def _same(got, want, tol=0.0):
