@@ -17,6 +17,7 @@ from jaxport.errors import (ArtifactError, AssertionFailedError, ConfigError, De
                             ShapeMismatchError, ShardedArrayError, SignatureError, StableHLOError, StaticArgumentError,
                             UnsupportedOperationsError, UnsupportedValueError, ZeroCopyError)
 from jaxport.interop import shares_memory, to_cupy, to_jax, to_numpy, to_tf, to_torch
+from jaxport.sharding import fsdp_shardings, shard_params
 from jaxport.xla_options import jit
 
 __version__ = "0.1.0"
@@ -25,7 +26,7 @@ __all__ = [
     "convert", "convert_functional", "convert_from_restored", "convert_functional_from_restored",
     "convert_graph_def", "convert_functional_graph_def",
     "inspect", "InspectReport", "jit",
-    "export", "load", "LoadedFunction", "ArtifactError",
+    "export", "load", "LoadedFunction", "ArtifactError", "fsdp_shardings", "shard_params",
     "get_unsupported_operations", "get_config", "update_config", "override_config", "override_configs",
     "MissingInputError", "UnsupportedOperationsError", "ShapeMismatchError", "DtypeMismatchError",
     "SignatureError", "JaxportError", "ConvertedFunction", "Variable",

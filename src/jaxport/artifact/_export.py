@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxport.artifact import _manifest as mf
+from jaxport.artifact._params import param_dtype, write_params
 from jaxport.artifact._structure import Structure, encode
 from jaxport.errors import ArtifactError, BatchFallbackWarning, DynamicShapeError, JaxportError, ShapeMismatchError
 
@@ -36,15 +37,17 @@ CALLING_CONVENTION = ("flat inputs: params (in `params` order), the array leaves
 
 @dataclasses.dataclass
 class LoweredArtifact:
-  """A function lowered by `lower`, ready to `write`: `exported` is its `jax.export.Exported`."""
+  """A function lowered by `lower`, ready to `write`: `exported` is its `jax.export.Exported`; `arrays`
+  the params as given (copied to host memory, if they are not there, file by file as `write` writes them)."""
   exported: Any
   serialized: bytes
-  arrays: dict[str, np.ndarray]
+  arrays: dict[str, Any]
   manifest: dict[str, Any]
   batch_fallback: str | None = None   # why an automatic batch-polymorphic export fell back to a fixed batch
 
-  def write(self, path: str | os.PathLike) -> dict[str, Any]:
-    """Writes the artifact directory (created if needed); returns the manifest written."""
+  def write(self, path: str | os.PathLike, *, max_shard_bytes: int | None = None) -> dict[str, Any]:
+    """Writes the artifact directory (created if needed); returns the manifest written. The params go to
+    one safetensors file, or to several of at most `max_shard_bytes` each (default 4 GiB) with an index."""
     path = os.fspath(path)
     manifest_path = os.path.join(path, mf.MANIFEST)
     if os.path.exists(path) and not os.path.isdir(path):
@@ -55,13 +58,13 @@ class LoweredArtifact:
                           "empty directory, or an earlier artifact to replace.")
     if os.path.exists(manifest_path):
       os.remove(manifest_path)   # an interrupted rewrite leaves no manifest that lists stale files
-    import safetensors.numpy
-    payloads = {mf.FUNCTION_FILE: self.serialized,
-                mf.PARAMS_FILE: safetensors.numpy.save(self.arrays, metadata={"format": mf.FORMAT})}
-    files = {}
-    for name, data in payloads.items():
-      _write_file(os.path.join(path, name), data)
-      files[name] = {"sha256": mf.sha256_bytes(data), "bytes": len(data)}
+    for name in os.listdir(path):
+      if mf.is_params_payload(name):   # an earlier export's params files, which this one may not replace
+        os.remove(os.path.join(path, name))
+    _write_file(os.path.join(path, mf.FUNCTION_FILE), self.serialized)
+    files = {mf.FUNCTION_FILE: {"sha256": mf.sha256_bytes(self.serialized), "bytes": len(self.serialized)}}
+    dtypes = {p["name"]: mf.DTYPES[p["dtype"]] for p in self.manifest["params"]}
+    files.update(write_params(path, self.arrays, dtypes, max_shard_bytes))
     manifest = dict(self.manifest, files=files)
     _write_file(manifest_path, (json.dumps(manifest, indent=1) + "\n").encode())
     return manifest
@@ -76,7 +79,7 @@ def _write_file(path: str, data: bytes) -> None:
 
 def export(jax_fn: Callable, params: dict, *example_args, path: str | os.PathLike,
            platforms: tuple[str, ...] = ("cpu", "cuda"), batch_polymorphic: bool | None = None,
-           vjp_order: int = 0, **example_kwargs) -> dict[str, Any]:
+           vjp_order: int = 0, max_shard_bytes: int | None = None, **example_kwargs) -> dict[str, Any]:
   """Writes `jax_fn` (a converted function) and `params` to the directory `path`; returns the manifest.
 
   `example_args`/`example_kwargs` give the input shapes and dtypes (arrays, `jax.ShapeDtypeStruct`s,
@@ -90,9 +93,13 @@ def export(jax_fn: Callable, params: dict, *example_args, path: str | os.PathLik
   VJP, which only `fn.exported.call` needs under `jax.grad` (`jaxport.load`'s function differentiates
   itself); it costs a second, bigger lowering. `jaxport.load(path)` gives the function back, without
   TensorFlow.
+
+  The params are written tensor by tensor from their own memory (no serialized copy): to one
+  `params.safetensors`, or, past `max_shard_bytes` (default 4 GiB), to `params-0000i-of-0000N.safetensors`
+  files with `params.safetensors.index.json`. Params on devices are copied to the host one file at a time.
   """
   return lower(jax_fn, params, *example_args, platforms=platforms, batch_polymorphic=batch_polymorphic,
-               vjp_order=vjp_order, **example_kwargs).write(path)
+               vjp_order=vjp_order, **example_kwargs).write(path, max_shard_bytes=max_shard_bytes)
 
 
 FALLBACK_BATCH = 1   # the batch an automatic export fixes when the function cannot be batch-polymorphic
@@ -156,9 +163,9 @@ def _lower(jax_fn, params, example_args, example_kwargs, platforms, symbolic: st
   "unknown" (the leading dims left unknown are `b`)."""
   batch_polymorphic = symbolic is not None
   keys = list(params)
-  # np.asarray(order="C"), not np.ascontiguousarray: that makes 0-d params (e.g. CLIP's logit_scale) 1-d.
-  arrays = {k: np.asarray(v, jax.dtypes.canonicalize_dtype(np.asarray(v).dtype), order="C") for k, v in params.items()}
-  dtypes = {k: mf.dtype_name(a.dtype) for k, a in arrays.items()}
+  arrays = dict(params)   # read (and copied to the host if need be) only when written
+  param_dtypes = {k: param_dtype(v) for k, v in params.items()}
+  dtypes = {k: mf.dtype_name(d) for k, d in param_dtypes.items()}
   flags = getattr(jax_fn, "trainable", None) or {}
   trainable = {k: bool(flags.get(k, getattr(params[k], "trainable", True))) for k in keys}
 
@@ -168,7 +175,7 @@ def _lower(jax_fn, params, example_args, example_kwargs, platforms, symbolic: st
   in_specs = [_input_spec(x, p, batch, only_unknown=symbolic == "unknown") for x, p in zip(in_leaves, in_paths)]
   requires_rng = bool(getattr(jax_fn, "requires_rng", False))
   key_data, rng_impl = _rng_spec() if requires_rng else (None, None)
-  param_specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays.values()]
+  param_specs = [jax.ShapeDtypeStruct(tuple(v.shape), param_dtypes[k]) for k, v in arrays.items()]
   specs = param_specs + in_specs + ([jax.ShapeDtypeStruct(key_data.shape, key_data.dtype)] if requires_rng else [])
   name = str(getattr(jax_fn, "__name__", "function"))
   n_params, n_inputs = len(keys), len(in_specs)
@@ -182,7 +189,7 @@ def _lower(jax_fn, params, example_args, example_kwargs, platforms, symbolic: st
     node, leaves, paths = encode(outputs, _is_output_array, "outputs")
     recorded.update(node=node, paths=paths, n_out=len(leaves))
     return (tuple(jnp.asarray(x) for x in leaves)
-            + tuple(jnp.asarray(new_params[k], arrays[k].dtype) for k in keys))
+            + tuple(jnp.asarray(new_params[k], param_dtypes[k]) for k in keys))
 
   try:
     # One trace of the converted function: its jaxpr says which params it updates, and jax.export lowers
@@ -232,8 +239,8 @@ def _lower(jax_fn, params, example_args, example_kwargs, platforms, symbolic: st
       "format": mf.FORMAT, "format_version": mf.FORMAT_VERSION, "name": name,
       "calling_convention": CALLING_CONVENTION,
       "platforms": list(exported.platforms), "batch_polymorphic": bool(batch_polymorphic), "vjp_order": vjp_order,
-      "params": [{"name": k, "shape": list(a.shape), "dtype": dtypes[k], "trainable": trainable[k]}
-                 for k, a in arrays.items()],
+      "params": [{"name": k, "shape": list(s.shape), "dtype": dtypes[k], "trainable": trainable[k]}
+                 for k, s in zip(keys, param_specs)],
       "inputs": {"structure": in_node, "leaves": [s.to_json() for s in inputs]},
       "rng": ({"impl": rng_impl, "shape": list(key_data.shape), "dtype": "uint32"} if requires_rng else None),
       "outputs": {"structure": recorded["node"], "leaves": [s.to_json() for s in outputs]},

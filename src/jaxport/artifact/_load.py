@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxport.artifact import _manifest as mf
+from jaxport.artifact._params import read_params
 from jaxport.call_forms import CallForms
 from jaxport.errors import (ArtifactError, DtypeMismatchError, MissingInputError, ShapeMismatchError,
                             StableHLOError)
@@ -89,7 +90,8 @@ class LoadedFunction(CallForms):
     return outputs, (changed if form == "changed" else {**params, **changed})
 
   def _array(self, x, spec: mf.ArraySpec, what: str, batch: dict | None):
-    x = x if isinstance(x, jax.Array) else jnp.asarray(x)
+    # device_put, not jnp.asarray: a NumPy view of a CPU jax.Array's buffer (load's params) is not copied
+    x = x if isinstance(x, jax.Array) else jax.device_put(x) if isinstance(x, np.ndarray) else jnp.asarray(x)
     if np.dtype(x.dtype) != spec.dtype:
       raise DtypeMismatchError(f"{what}: the artifact takes {spec.dtype.name}, got {np.dtype(x.dtype).name}; "
                                f"cast it first (x.astype('{spec.dtype.name}')).")
@@ -123,23 +125,29 @@ class LoadedFunction(CallForms):
     return rng
 
 
-def load(path: str | os.PathLike, *, platform: str | None = None) -> tuple[LoadedFunction, dict[str, Any]]:
+def load(path: str | os.PathLike, *, platform: str | None = None, sharding=None, mesh=None,
+         verify: bool = True) -> tuple[LoadedFunction, dict[str, Any]]:
   """Reads an artifact written by `jaxport.export`: `(fn, params)`, called as `fn(params, *args, rng=None,
   **kwargs) -> (outputs, new_params)`. `params` maps each name to a `jaxport.Variable` (a NumPy array
   with `.name` and `.trainable`); `fn.trainable` holds the flags too.
 
-  Every file is checked against the manifest (SHA-256, names, shapes, dtypes): a mismatch raises
-  `ArtifactError`. `platform` interprets that platform's lowering on the current backend.
-  TensorFlow is not needed.
-  """
-  import safetensors.numpy
+  `sharding` places the params on devices instead, each a `jax.Array` read from the memory-mapped
+  params files slice by slice straight into its shards (no process holds a whole param it does not
+  need): a `jax.sharding.Sharding` for all, `"fsdp"` (`jaxport.sharding.fsdp_shardings` over `mesh`, by
+  default all devices), a dict or callable by param name, or `(regex, PartitionSpec)` rules over `mesh`
+  (see `jaxport.sharding`). Under `jax.jit`, the function's outputs keep the shardings GSPMD gives them.
 
+  Every file is checked against the manifest (SHA-256, streamed; names, shapes, dtypes): a mismatch
+  raises `ArtifactError`; `verify=False` skips the hashes (e.g. on many hosts reading one shared copy).
+  `platform` interprets that platform's lowering on the current backend. TensorFlow is not needed.
+  """
+  from jaxport import sharding as sharding_mod
   from jaxport.convert import stablehlo
   from jaxport.convert.api import Variable
+  from jaxport.interop import to_jax
   directory = os.fspath(path)
   manifest = mf.read_manifest(directory)
   blob = mf.read_payload(directory, mf.FUNCTION_FILE, manifest)
-  params_bytes = mf.read_payload(directory, mf.PARAMS_FILE, manifest)
   function_path = os.path.join(directory, mf.FUNCTION_FILE)
   try:
     exported = jax.export.deserialize(bytearray(blob))
@@ -147,6 +155,7 @@ def load(path: str | os.PathLike, *, platform: str | None = None) -> tuple[Loade
     raise ArtifactError(f"{function_path}: jax.export cannot read it ({type(e).__name__}: {_first_line(e)}); "
                         f"load it with the jax release that wrote it ({_made_by(manifest, 'jax')}), or "
                         f"{mf.REEXPORT}.") from None
+  del blob
   _check_exported(exported, manifest, function_path)
   try:
     module = stablehlo.load_module(exported.mlir_module_serialized)
@@ -154,24 +163,13 @@ def load(path: str | os.PathLike, *, platform: str | None = None) -> tuple[Loade
   except StableHLOError as e:
     raise ArtifactError(f"{function_path}: {e}") from None
 
-  params_path = os.path.join(directory, mf.PARAMS_FILE)
-  try:
-    arrays = safetensors.numpy.load(params_bytes)
-  except Exception as e:
-    raise ArtifactError(f"{params_path}: safetensors cannot read it ({type(e).__name__}: {_first_line(e)}); "
-                        f"{mf.REEXPORT}.") from None
-  names = [p.path for p in manifest.params]
-  if sorted(arrays) != sorted(names):
-    extra, missing = sorted(set(arrays) - set(names)), sorted(set(names) - set(arrays))
-    raise ArtifactError(f"{params_path}: its tensors do not match the manifest's params (missing: "
-                        f"{', '.join(missing) or 'none'}; not listed: {', '.join(extra) or 'none'}); {mf.REEXPORT}.")
-  params = {}
-  for spec in manifest.params:
-    value = arrays[spec.path]
-    if value.shape != spec.shape or value.dtype != spec.dtype:
-      raise ArtifactError(f"{params_path}: tensor {spec.path!r} is {value.dtype.name}{list(value.shape)}, the "
-                          f"manifest says {spec.dtype.name}{list(spec.shape)}; {mf.REEXPORT}.")
-    params[spec.path] = Variable(value, name=spec.path, trainable=manifest.trainable[spec.path])
+  shardings = sharding_mod.resolve(sharding, manifest, mesh)
+
+  def wrap(value: np.ndarray, spec: mf.ArraySpec):
+    # The host copy becomes a CPU jax.Array's buffer (DLPack, no copy), so a call hands it to JAX as is.
+    shared = np.asarray(to_jax(value, device="cpu")) if _jax_dtype(value.dtype) else value
+    return Variable(shared, name=spec.path, trainable=manifest.trainable[spec.path])
+  params = read_params(directory, manifest, shardings, wrap=wrap, verify=verify)
   return LoadedFunction(directory, manifest, exported, module, platform), params
 
 
@@ -200,6 +198,11 @@ def _check_exported(exported, manifest: mf.Manifest, where: str) -> None:
   kept = tuple(exported.module_kept_var_idx)
   if any(not 0 <= i < len(want_in) for i in kept) or list(kept) != sorted(set(kept)):
     raise ArtifactError(f"{where}: its kept-argument list is not valid; {mf.REEXPORT}.")
+
+
+def _jax_dtype(dtype: np.dtype) -> bool:
+  """Whether JAX keeps `dtype` as it is (no x64 narrowing)."""
+  return dtype.kind in "biuf" and np.dtype(jax.dtypes.canonicalize_dtype(dtype)) == dtype
 
 
 def _made_by(manifest: mf.Manifest, key: str) -> str:

@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 from typing import Any
 
 import ml_dtypes
@@ -22,8 +23,10 @@ FORMAT = "jaxport.artifact"
 FORMAT_VERSION = 1
 MANIFEST = "jaxport.json"
 FUNCTION_FILE = "function.jaxexport"   # jax.export's serialization (StableHLO and its VJP)
-PARAMS_FILE = "params.safetensors"
-PAYLOADS = (FUNCTION_FILE, PARAMS_FILE)
+PARAMS_FILE = "params.safetensors"   # the params in one file, or split over shard files listed by PARAMS_INDEX
+PARAMS_INDEX = "params.safetensors.index.json"   # {"metadata": {...}, "weight_map": {param: shard file}}
+PAYLOADS = (FUNCTION_FILE, PARAMS_FILE)   # the files of an artifact whose params are one file
+_SHARD_FILE = re.compile(r"params-(\d{5})-of-(\d{5})\.safetensors")
 BATCH_DIM = "b"   # the name of the symbolic leading dimension of a batch-polymorphic export
 
 # The dtypes an artifact may hold: NumPy names, as safetensors can store them.
@@ -46,6 +49,36 @@ def dtype_name(dtype) -> str:
 
 def sha256_bytes(data: bytes) -> str:
   return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str) -> str:
+  """The file's SHA-256, read in chunks (through the page cache; the file is never held in memory)."""
+  with open(path, "rb") as f:
+    return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def shard_file(index: int, count: int) -> str:
+  """The name of params shard `index` (1-based) of `count`, as large checkpoints on model hubs name them."""
+  return f"params-{index:05d}-of-{count:05d}.safetensors"
+
+
+def params_files(names) -> tuple[str, ...] | None:
+  """The params files among an artifact's `names`, in order: (PARAMS_FILE,), the shard files, or None
+  when `names` is neither set (a missing or stray file)."""
+  names = set(names)
+  if names == set(PAYLOADS):
+    return (PARAMS_FILE,)
+  shards = sorted(n for n in names if _SHARD_FILE.fullmatch(n))
+  count = len(shards)
+  if count and names == {FUNCTION_FILE, PARAMS_INDEX, *shards} and shards == [shard_file(i + 1, count)
+                                                                              for i in range(count)]:
+    return tuple(shards)
+  return None
+
+
+def is_params_payload(name: str) -> bool:
+  """Whether `name` is a params file or index an export may have written (stale ones are removed)."""
+  return name in (PARAMS_FILE, PARAMS_INDEX) or bool(_SHARD_FILE.fullmatch(name))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +108,7 @@ class Manifest:
   platforms: tuple[str, ...]
   batch_polymorphic: bool
   files: dict[str, str]                # payload file -> SHA-256
+  params_files: tuple[str, ...]        # (PARAMS_FILE,) or the shard files, in order
   name: str
   raw: dict[str, Any]                  # the whole manifest, e.g. its conversion report
 
@@ -140,10 +174,12 @@ def read_manifest(directory: str) -> Manifest:
                         f"or {REEXPORT}.")
 
   files = r.get(raw, "files", dict, "manifest")
-  if set(files) != set(PAYLOADS):
-    raise r.error(f"field files lists {sorted(files)}, expected {sorted(PAYLOADS)}")
+  params_payloads = params_files(files)
+  if params_payloads is None:
+    raise r.error(f"field files lists {sorted(files)}, expected {sorted(PAYLOADS)} or {FUNCTION_FILE}, "
+                  f"{PARAMS_INDEX} and {shard_file(1, 2)}, {shard_file(2, 2)}, ...")
   hashes = {}
-  for name in PAYLOADS:
+  for name in files:
     digest = r.get(files[name], "sha256", str, f"files[{name!r}]")
     if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
       raise r.error(f"field files[{name!r}].sha256 is not a SHA-256 hex digest")
@@ -193,21 +229,36 @@ def read_manifest(directory: str) -> Manifest:
     raise r.error("field platforms must list distinct platform names")
   name = raw.get("name", "artifact")
   return Manifest(tuple(params), trainable, tuple(inputs), input_structure, tuple(outputs), output_structure,
-                  tuple(state_outputs), rng, tuple(platforms), batch_polymorphic, hashes,
+                  tuple(state_outputs), rng, tuple(platforms), batch_polymorphic, hashes, params_payloads,
                   name if isinstance(name, str) else "artifact", raw)
 
 
 def read_payload(directory: str, name: str, manifest: Manifest) -> bytes:
   """The bytes of a payload file, after checking them against the manifest's SHA-256."""
   path = os.path.join(directory, name)
+  _exists(path)
+  with open(path, "rb") as f:
+    data = f.read()
+  _check_digest(path, sha256_bytes(data), manifest.files[name])
+  return data
+
+
+def verify_payload(directory: str, name: str, manifest: Manifest) -> str:
+  """The path of a payload file, after checking its SHA-256 (streamed: the file is not read into memory)."""
+  path = os.path.join(directory, name)
+  _exists(path)
+  _check_digest(path, sha256_file(path), manifest.files[name])
+  return path
+
+
+def _exists(path: str) -> None:
   if not os.path.isfile(path):
     raise ArtifactError(f"{path} is missing (the manifest lists it); restore the file from where the artifact "
                         f"came from, or {REEXPORT}.")
-  with open(path, "rb") as f:
-    data = f.read()
-  digest = sha256_bytes(data)
-  if digest != manifest.files[name]:
+
+
+def _check_digest(path: str, digest: str, recorded: str) -> None:
+  if digest != recorded:
     raise ArtifactError(f"{path}: its SHA-256 is {digest[:16]}..., the manifest records "
-                        f"{manifest.files[name][:16]}...: the file changed after export (damaged, truncated or "
+                        f"{recorded[:16]}...: the file changed after export (damaged, truncated or "
                         f"replaced); restore the file the export wrote, or {REEXPORT}.")
-  return data

@@ -327,6 +327,21 @@ def _unsupported(uses: dict[str, list[str]], library: Library, config) -> dict[s
           if op not in GRAPH_INPUT_OPS and op not in library and op_tier(op, config) == Tier.UNSUPPORTED}
 
 
+def _shared_value(var) -> np.ndarray:
+  """A CPU variable's value without a copy: its buffer through DLPack as a CPU jax.Array, seen as a
+  read-only NumPy array (a later assign in TF writes a new buffer, so this value stays). A call with it
+  hands JAX the same buffer (no device copy either). Others, and dtypes JAX would change: `var.numpy()`."""
+  dtype = np.dtype(var.dtype.as_numpy_dtype)
+  if "GPU" not in (var.device or "").upper() and dtype.kind in "biuf" and \
+      np.dtype(jax.dtypes.canonicalize_dtype(dtype)) == dtype:
+    try:
+      from jaxport.interop import to_jax
+      return np.asarray(to_jax(var.read_value(), device="cpu"))
+    except Exception:  # pylint: disable=broad-except  # no shared buffer: the copy below
+      pass
+  return var.numpy()
+
+
 class _ParamCollector:
   """Names each captured tf.Variable once and collects its value into `params`."""
 
@@ -344,7 +359,7 @@ class _ParamCollector:
     tf = _tf()
     if _config.get_config("skip_variables_evaluation_inside_tf_tracing") or not tf.executing_eagerly():
       return np.zeros(var.shape, var.dtype.as_numpy_dtype)
-    return var.numpy()
+    return _shared_value(var)
 
   def ref(self, handle, what: str, variables=()) -> VariableRef:
     """The VariableRef of the variable behind an eager resource `handle`."""
