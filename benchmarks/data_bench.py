@@ -630,6 +630,135 @@ def restore_bench(argv: list[str]) -> None:
                                                           indent=2))
 
 
+GPU_PREFETCH = (0, 1, 2, 4)
+
+
+def _epoch_s(batches, block) -> float:
+  """Seconds to iterate `batches` (an iterable), blocking on each batch with `block`."""
+  began = time.perf_counter()
+  for batch in batches:
+    block(batch)
+  return time.perf_counter() - began
+
+
+def gpu_rows(args) -> tuple[list[dict], str | None]:
+  """Seconds per epoch (medians of interleaved repeats) of: a torch DataLoader alone, the naive
+  loop `jax.device_put(np.asarray(batch))`, jaxport.data.loader over it at each prefetch; then a
+  cached tf.data pipeline bare vs through jaxport (skipped, with the reason, without TF). Every
+  jax mode blocks on each batch (`block_until_ready`): a batch counts once it is on device."""
+  import jax
+  import torch
+
+  import jaxport.data
+
+  rng = np.random.default_rng(0)
+  pool = torch.from_numpy(rng.integers(0, 256, (256, 224, 224, 3), dtype=np.uint8))
+
+  class Images(torch.utils.data.Dataset):
+    def __len__(self):
+      return args.batches * 64
+
+    def __getitem__(self, i):
+      return pool[i % len(pool)], i % 1000
+
+  data = torch.utils.data.DataLoader(Images(), batch_size=64, shuffle=True, drop_last=True,
+                                     num_workers=args.workers, persistent_workers=args.workers > 0,
+                                     prefetch_factor=2 if args.workers else None)
+  ready = jax.block_until_ready
+  runs = {"DataLoader alone": lambda: _epoch_s(data, lambda batch: None),
+          "naive device_put loop": lambda: _epoch_s(
+              data, lambda batch: ready(jax.device_put([np.asarray(t) for t in batch])))}
+
+  def through(source, prefetch, **kwargs):
+    with jaxport.data.loader(source, prefetch=prefetch, **kwargs) as loader:
+      return _epoch_s(loader, ready)
+  for prefetch in GPU_PREFETCH:
+    runs[f"jaxport, prefetch {prefetch}"] = lambda p=prefetch: through(data, p, seed=0)
+  skipped, kept = None, []  # kept: tf.data iterators outlive the timing (tearing one down is
+  try:  # not loading)
+    import tensorflow as tf
+  except ImportError as error:
+    skipped = f"tf.data rows skipped: TensorFlow is not installed ({error})"
+  if skipped is None:
+    images = rng.integers(0, 256, (args.tf_batches * 64, 224, 224, 3), dtype=np.uint8)
+    labels = rng.integers(0, 1000, (args.tf_batches * 64,), dtype=np.int32)
+    cached = tf.data.Dataset.from_tensor_slices({"image": images, "label": labels}).batch(64).cache()
+
+    def bare():
+      iterator = iter(cached)
+      kept.append(iterator)
+      return _epoch_s(iterator, lambda batch: None)
+    runs[f"tf.data cached {args.tf_batches} batches, bare"] = bare
+    for prefetch in GPU_PREFETCH:
+      runs[f"tf.data cached, jaxport prefetch {prefetch}"] = lambda p=prefetch: through(cached, p)
+    kept_loader = jaxport.data.loader(cached, prefetch=2)  # closed with the process
+    runs["tf.data cached, one jaxport loader's epochs, prefetch 2"] = lambda: _epoch_s(
+        kept_loader, ready)
+  samples = {name: [] for name in runs}
+  for name, run in runs.items():  # warm-up: workers, tf.data's cache, jit and allocators
+    run()
+  names = list(runs)
+  for repeat in range(args.repeats):  # interleaved, each repeat starting at another mode
+    for name in names[repeat % len(names):] + names[:repeat % len(names)]:
+      samples[name].append(runs[name]())
+    kept.clear()
+  return [{"mode": name, "s": statistics.median(values), "samples": values}
+          for name, values in samples.items()], skipped
+
+
+def gpu_bench(argv: list[str]) -> None:
+  """`python benchmarks/data_bench.py gpu [--batches 150] [--workers 8] [--repeats 5]`: the
+  loader feeding the default device (a GPU where there is one; else the CPU, labelled as a
+  fallback) from a shuffled torch DataLoader of 64x224x224x3 uint8 batches, against the
+  DataLoader alone and the naive loop; and, where TensorFlow is installed, the cached tf.data
+  pipeline bare vs through the loader. Prints a table and the targets; writes
+  out/data_bench_gpu.json. Needs jax and torch; TensorFlow is optional."""
+  import jax
+  from rich.console import Console
+  from rich.table import Table
+
+  parser = argparse.ArgumentParser(prog="data_bench.py gpu")
+  parser.add_argument("--batches", type=int, default=150)
+  parser.add_argument("--tf-batches", type=int, default=60)
+  parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
+  parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "out"))
+  args = parser.parse_args(argv)
+  device = jax.devices()[0]
+  label = (f"{device.platform.upper()}: {device.device_kind}" if device.platform != "cpu" else
+           "CPU FALLBACK (no GPU: the loader aliases host memory, nothing is copied)")
+  console = Console(width=180)
+  rows, skipped = gpu_rows(args)
+  by_mode = {row["mode"]: row["s"] for row in rows}
+  table = Table(title=f"Loader feeding {label}: s per epoch, medians of {args.repeats} "
+                f"interleaved repeats, {args.workers} DataLoader workers")
+  for column in ("mode", "s / epoch", "vs DataLoader alone", "vs naive loop", "vs bare tf.data"):
+    table.add_column(column, justify="left" if column == "mode" else "right")
+  alone, naive = by_mode["DataLoader alone"], by_mode["naive device_put loop"]
+  bare = next((s for mode, s in by_mode.items() if mode.endswith("bare")), None)
+  targets = []
+  for mode, seconds in by_mode.items():
+    tf_row = mode.startswith("tf.data")
+    table.add_row(mode, f"{seconds:.3f}", "" if tf_row else f"{seconds / alone:.2f}x",
+                  "" if tf_row else f"{seconds / naive:.2f}x",
+                  f"{seconds / bare:.2f}x" if tf_row else "")
+    if mode.startswith("jaxport") and not mode.endswith("prefetch 0"):
+      targets.append((f"{mode}: within 10% of the DataLoader alone", seconds <= 1.10 * alone))
+      targets.append((f"{mode}: faster than the naive loop", seconds < naive))
+    elif tf_row and not mode.endswith("bare"):
+      targets.append((f"{mode}: within 25% of bare tf.data", seconds <= 1.25 * bare))
+  console.print(table)
+  if skipped:
+    console.print(skipped)
+  for text, ok in targets:
+    console.print(f"  [{'green' if ok else 'red'}]{'PASS' if ok else 'FAIL'}[/] {text}")
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "data_bench_gpu.json").write_text(json.dumps(
+      {"device": label, "workers": args.workers, "rows": rows, "skipped": skipped,
+       "targets": dict(targets)}, indent=2))
+
+
 if __name__ == "__main__":
   import sys
   if sys.argv[1:2] == ["service"]:
@@ -638,5 +767,7 @@ if __name__ == "__main__":
     restore_bench(sys.argv[2:])
   elif sys.argv[1:2] == ["restore-random-access"]:
     restore_bench_random_access(sys.argv[2:])
+  elif sys.argv[1:2] == ["gpu"]:
+    gpu_bench(sys.argv[2:])
   else:
     main()

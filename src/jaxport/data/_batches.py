@@ -62,8 +62,9 @@ def _paths(treedef: Any, tree: Any) -> tuple[tuple, ...]:
   return paths
 
 
-def stack(examples: list[Flat]) -> Flat:
-  """Stacks examples into one batch, in host buffers that JAX can alias."""
+def stack(examples: list[Flat], pool: Any = None) -> Flat:
+  """Stacks examples into one batch, in host buffers that JAX can alias (lent by `pool`, a
+  `_host_pool.HostPool`, if given)."""
   first = examples[0]
   for number, example in enumerate(examples[1:], 1):
     if example.treedef != first.treedef:
@@ -78,7 +79,8 @@ def stack(examples: list[Flat]) -> Flat:
         raise TypeError(f"jaxport.data: leaf {path_str(path)} is ragged: examples of one batch "
                         f"have shapes {shape} and {view.shape}. Pad them to a common shape in the "
                         "source, or batch them there with padding.")
-    out = aligned_empty((len(views),) + shape, dtype)
+    out = (aligned_empty((len(views),) + shape, dtype) if pool is None
+           else pool.take((len(views),) + shape, dtype))
     np.stack(views, out=out)
     leaves.append(out)
   return Flat(first.treedef, first.paths, leaves, len(examples))
@@ -90,7 +92,8 @@ def batch_examples(examples: Iterable[Any], batch_size: int, clock: Any = None) 
   iterator = iter(examples)
   while chunk := list(itertools.islice(iterator, batch_size)):
     began = time.perf_counter()
-    batch = stack([flatten(example, batched=False) for example in chunk])
+    batch = stack([flatten(example, batched=False) for example in chunk],
+                  clock.pool if clock is not None else None)
     if clock is not None:
       clock.transform += time.perf_counter() - began
     yield batch

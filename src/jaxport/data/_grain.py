@@ -84,7 +84,8 @@ class GrainSource(Source):
         return
       self._remember(epoch, step + 1, iterator)
       if self.examples:
-        yield stack([flatten(element, batched=False) for element in mine])
+        yield stack([flatten(element, batched=False) for element in mine],
+                    getattr(self.clock, "pool", None))
       else:
         yield flatten(mine[0], batched=True)
       step += 1

@@ -142,6 +142,18 @@ def host_view(leaf: Any) -> np.ndarray:
   return interop.to_numpy(leaf, device="cpu")
 
 
+def on_host(leaf: Any) -> bool:
+  """Whether a checked leaf lives in host memory (a jax.Array never counts)."""
+  kind = _kind(type(leaf))
+  if kind == "numpy":
+    return True
+  if kind == "torch":
+    return leaf.device.type == "cpu"
+  if kind == "tf":
+    return leaf.device.rpartition("device:")[2].startswith("CPU")
+  return False
+
+
 def leading_dim(leaf: Any) -> int | None:
   shape = tuple(leaf.shape)
   return int(shape[0]) if shape else None

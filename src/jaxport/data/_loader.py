@@ -9,6 +9,7 @@ from jax.tree_util import DictKey, tree_unflatten
 
 from jaxport.data._batches import (LAST_BATCH_POLICIES, BatchLayout, LastBatch,
                                    steps_per_epoch)
+from jaxport.data._host_pool import HostPool
 from jaxport.data._prefetch import Feed
 from jaxport.data import _state
 from jaxport.data._sources import Source, make_source
@@ -76,6 +77,8 @@ class Loader:
           "cardinality (e.g. dataset.apply(tf.data.experimental.assert_cardinality(n))), or use a "
           "source with len().")
     self._placer = Placer(resolve_sharding(sharding, processes))
+    if self._placer.reuses_host_buffers:
+      self._placer.pool = HostPool(keep=prefetch + 3)
     self._casts = DtypePolicy(dtypes)
     self._meter = Meter()
     self._bar = ProgressBar() if progress else None
@@ -129,15 +132,17 @@ class Loader:
     return int(self._steps)
 
   def _open_feed(self) -> Feed:
-    self._clock = StageClock()
+    self._clock = StageClock(self._placer.pool)
     items = _produce(self._source, self._epoch, self._step, policy=self._last_batch,
                      layout=self._layout, steps=self._steps if self._processes > 1 else None,
-                     placer=self._placer, casts=self._casts, wait=self._placer.copies,
-                     clock=self._clock)
+                     placer=self._placer, casts=self._casts, clock=self._clock)
     if self._bar is not None:
       self._bar.start(self._epoch, self._steps, self._step)
+    # Copies to devices run in the background: a consumer waiting on data gets each batch once
+    # the next one is read and its copy dispatched, so that copies overlap reading.
+    lead = 1 if self._prefetch and self._placer.copies else 0
     return Feed(items, self._prefetch, self._name, max_bytes=self._prefetch_bytes,
-                size_of=_host_bytes)
+                size_of=_host_bytes, lead=lead)
 
   def _drop_feed(self) -> None:
     if self._feed is not None:
@@ -253,27 +258,27 @@ class Loader:
 
 def _produce(source: Source, epoch: int, start: int, *, policy: LastBatch, layout: BatchLayout,
              steps: float | None, placer: Placer, casts: DtypePolicy,
-             wait: bool, clock: StageClock) -> Iterator[tuple[int, Any, int]]:
-  """(step, device batch, host bytes) for one epoch; with `wait`, each batch is ready on device
-  when yielded (transfers that copy are done). It may run in the prefetch thread, so it holds no
-  reference to the Loader: the loader can be collected while it runs. Times its stages into
-  `clock` (the source's readers add their transform time to it), a few µs per batch."""
+             clock: StageClock) -> Iterator[tuple[int, Any, int]]:
+  """(step, device batch, host bytes) for one epoch. Copies to devices are dispatched, never
+  waited for: they complete while the next batches are read (and JAX orders any use of a batch
+  after its copy). It may run in the prefetch thread, so it holds no reference to the Loader: the
+  loader can be collected while it runs. Times its stages into `clock` (the source's readers add
+  their transform time to it), a few µs per batch."""
   source.clock = clock
   began, transformed = time.perf_counter(), 0.0
   stream = source.steps(epoch, start, policy=policy, layout=layout, steps=steps)
   for step, batch, mask in stream:
     read = time.perf_counter()
     clock.source += read - began - (clock.transform - transformed)
-    arrays, moved = [], 0
-    for path, leaf, target in zip(batch.paths, batch.leaves, casts.targets(batch)):
-      array, size = placer.put(path, leaf)
-      arrays.append(array if target is None or array.dtype == target else array.astype(target))
-      moved += size
+    arrays, moved = placer.put_all(batch.paths, batch.leaves)
+    targets = casts.targets(batch)
+    if any(target is not None for target in targets):
+      arrays = [array if target is None or array.dtype == target else array.astype(target)
+                for array, target in zip(arrays, targets)]
     tree = tree_unflatten(batch.treedef, arrays)
     if mask is not None:
       tree = _with_mask(tree, placer.put((DictKey(MASK_KEY),), mask)[0])
-    if wait:
-      jax.block_until_ready(tree)
+    placer.lent(batch.leaves, arrays)
     clock.transfer += time.perf_counter() - read
     clock.batches += 1
     yield step, tree, moved
@@ -314,8 +319,12 @@ def loader(source: Any, *, batch_size: int | None = None, sharding: Any = None, 
       processes each process contributes its own rows. Default: the default device with one
       process, the batch split over all devices with several.
     prefetch: batches a background thread reads ahead onto devices while the consumer works
-      between batches (a consumer waiting on data reads them itself); tf.data pipelines also get
-      a tf.data prefetch stage of this size. 0: no thread.
+      between batches (a consumer waiting on data reads them itself). Copies to an accelerator
+      are never waited for: they run while the next batches are read, and with prefetch >= 1 a
+      consumer waiting on data gets each batch once the next one is read and its copy started.
+      Batches the loader stacks for an accelerator reuse host buffers once their copies are done.
+      tf.data pipelines also get a tf.data prefetch stage of this size where tf.data would not
+      inject one itself. 0: no thread, nothing read ahead.
     prefetch_bytes: also stop reading ahead once the batches read ahead hold this many bytes
       (host bytes; one batch is always allowed), so that a large `prefetch` of large batches
       cannot exhaust memory; tf.data's prefetch stage is shortened to fit when its element size

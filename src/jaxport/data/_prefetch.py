@@ -54,11 +54,14 @@ class _Shared:
         error.add_note(note)
       self.end = error
 
+  def has_room(self) -> bool:
+    """Whether the results read ahead hold fewer than `max_bytes`."""
+    return self.max_bytes is None or self.added - self.taken < self.max_bytes
+
   def wanted(self) -> bool:
     """Whether the thread should read one more batch ahead."""
     return (not self.stop.is_set() and not self.consumer_waiting and self.end is None
-            and len(self.ready) < self.depth
-            and (self.max_bytes is None or self.added - self.taken < self.max_bytes))
+            and len(self.ready) < self.depth and self.has_room())
 
   def close_items(self) -> None:
     """Closes the producer (once); the caller holds `lock`."""
@@ -72,7 +75,9 @@ class _Shared:
 class Feed:
   """Hands the producer's results to the consumer, reading up to `depth` ahead in a daemon thread
   while the consumer works (`depth=0`: no thread), and, with `max_bytes`, no further once the
-  results read ahead hold that many bytes (by `size_of`; one result is always allowed).
+  results read ahead hold that many bytes (by `size_of`; one result is always allowed). With
+  `lead`, a consumer waiting on data runs the producer until `lead` more results are made
+  before it gets the oldest: their background work (copies to a device) overlaps making the next.
 
   `get()` returns the next result, raises StopIteration at the end, and re-raises an exception of
   the producer (with its original traceback) after the results produced before it. `close()` is
@@ -80,10 +85,12 @@ class Feed:
   """
 
   def __init__(self, items: Iterator[Any], depth: int, name: str, *,
-               max_bytes: int | None = None, size_of: Callable[[Any], int] | None = None):
+               max_bytes: int | None = None, size_of: Callable[[Any], int] | None = None,
+               lead: int = 0):
     if max_bytes is not None and size_of is None:
       raise ValueError("max_bytes needs size_of")
     self._shared = shared = _Shared(items, depth, max_bytes, size_of)
+    self._lead = lead
     self._left: float | None = None  # when the consumer last left get()
     self._interrupted = False  # the producer ended with a KeyboardInterrupt, already raised
     self._thread = None
@@ -99,11 +106,14 @@ class Feed:
   def get(self) -> Any:
     shared = self._shared
     working = self._left is None or time.perf_counter() - self._left >= _WORKING_S
-    if not shared.ready:
+    if len(shared.ready) <= self._lead:
       shared.consumer_waiting = True
       with shared.lock:
         shared.consumer_waiting = False
-        if not shared.ready and shared.end is None:
+        # Runs the producer until `lead` results wait behind the one returned (results whose
+        # work, a copy to a device, goes on in the background while the next ones are made).
+        while (len(shared.ready) <= self._lead and shared.end is None
+               and (not shared.ready or shared.has_room())):
           shared.produce()
     try:
       if shared.ready:

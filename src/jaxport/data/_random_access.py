@@ -178,7 +178,8 @@ class RandomAccessSource(Source):
       items = self._read([int(i) for i in indices])
       began = time.perf_counter()
       if self.examples:
-        batch = stack([flatten(item, batched=False) for item in items])
+        batch = stack([flatten(item, batched=False) for item in items],
+                      getattr(self.clock, "pool", None))
       else:
         batch = flatten(items[0], batched=True)
       if self.clock is not None:

@@ -14,11 +14,11 @@ import time
 from typing import Any, Iterable, Iterator
 
 import numpy as np
-from jax.tree_util import tree_flatten_with_path
 
 from jaxport.data import _tf_compat
-from jaxport.data._batches import Flat, apply_last_batch, batch_examples, batch_rows, flatten
-from jaxport.data._leaves import tf_dtype_problem
+from jaxport.data._batches import Flat, apply_last_batch, batch_examples, flatten
+from jaxport.data._tf_read import (Retired, _ends_with_prefetch, _fitting, _read_with_next,  # noqa: F401
+                                   _static_batch_size, _TensorReader, injects_prefetch)
 from jaxport.data._state import is_int, past_the_end
 from jaxport.errors import LoaderStateError
 
@@ -371,8 +371,9 @@ class _Snapshot:
 class TFDataSource(Source):
   """A tf.data.Dataset, sharded per process with Dataset.shard and batched in tf.data.
 
-  tf.data also reads ahead in its own threads, which need no GIL (a `prefetch` stage is appended
-  unless the pipeline ends with one). Elements are read as flat tensors (`_TensorReader`).
+  tf.data also reads ahead in its own threads, which need no GIL (its own injected prefetch, or a
+  `prefetch` stage the loader appends; see __init__). Elements are read as flat tensors
+  (`_TensorReader`).
 
   Resume uses tf.data's own iterator checkpointing. While reading, the iterator is snapshotted
   (`_tf_compat.snapshot_iterator`, kept unencoded) before a batch every so often: each snapshot's
@@ -412,19 +413,25 @@ class TFDataSource(Source):
     self._count = math.inf if cardinality == tf.data.INFINITE_CARDINALITY else (
         None if cardinality < 0 else cardinality)
     prefetched = _ends_with_prefetch(dataset)
+    # Snapshots are taken under the user's policy, by default (as tf.train.Checkpoint does)
+    # failing on state that tf.data cannot serialize (a from_generator's Python generator)
+    # rather than silently leaving it out.
     self._policy = dataset.options().experimental_external_state_policy
-    if self._policy is None:
-      # As tf.train.Checkpoint does: fail to snapshot state that tf.data cannot serialize (e.g. a
-      # from_generator's Python generator) rather than silently leave it out.
+    # The user's own dataset object is read as it is where the loader needs no stage of its own:
+    # the first iterator of a new Dataset object costs ~15-40 ms (tf.data finalizes its graph),
+    # which an already iterated one does not. A pipeline the loader shards or batches is new
+    # anyway: it carries the policy in its options, as states of earlier versions expect (the
+    # options stage changes how tf.data rewrites the pipeline, so the iterator's saved layout).
+    derived = (shard and processes > 1) or batch_size is not None
+    if derived and self._policy is None:
       options = tf.data.Options()
       options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.FAIL
       dataset = dataset.with_options(options)
     if shard and processes > 1:
-      dataset, prefetched = dataset.shard(processes, index), False
+      dataset = dataset.shard(processes, index)
     if batch_size is not None:
       dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
-      prefetched = False
-    if prefetch and not prefetched:
+    if prefetch and (derived or not (prefetched or injects_prefetch(dataset))):
       # A second prefetch stage would only add a thread handoff per element (~20 µs).
       dataset = dataset.prefetch(_fitting(tf, dataset.element_spec, prefetch, prefetch_bytes))
     self._dataset = dataset
@@ -441,10 +448,11 @@ class TFDataSource(Source):
     self._pending: tuple[int, Any, int] | None = None  # (epoch, iterator, position) ready to use
     self._live: list | None = None  # [epoch, iterator, batches read] of the one being read
     self._reading = threading.Lock()  # held by the producer while it reads or snapshots
-    self._retired: Any = None  # the last finished iterator, deleted when the next one finishes
+    self._retired = Retired()  # finished iterators, deleted once that is cheap
     self._snapshots: dict[int, list[_Snapshot]] = {}  # epoch -> by position
     self._snapshot_error: str | None = None
     self._snapshot_s = 0.0  # how long the latest snapshot took
+    self._batch_s = 0.0  # how long reading a batch takes, on average over the latest epoch
     self._user_dataset = user_dataset
     self._fingerprint: str | None = None  # of the user's pipeline, made when a state needs it
     self._ops: set[str] | None = None  # the pipeline's op types, found when a state needs them
@@ -465,7 +473,8 @@ class TFDataSource(Source):
           raise past_the_end(start, position, "batches")
         position += 1
       read = self._reader.bind(iterator) if self._reader else _read_with_next(iterator)
-      due = position + 1  # then as their cost allows
+      # Then as their cost allows: measured by the earlier epochs, or at once.
+      due = self._next_snapshot(position, self._batch_s) if self._batch_s else position + 1
       reads, read_s = 0, 0.0
       live = self._live = [epoch, iterator, position]  # and the batches read from it
       while True:
@@ -480,15 +489,16 @@ class TFDataSource(Source):
             break
           live[2] = position + 1
         reads += 1
+        self._batch_s = read_s / reads
         yield batch
         position += 1
       # The next epoch's iterator (and its first snapshot) is made now, while the consumer still
       # has batches of this epoch to work on.
       self._prepare(epoch + 1)
     finally:
-      # Deleting a tf.data iterator just after it ends can hold the GIL for ~0.3 s while its
-      # threads wind down, stalling the consumer; the previous epoch's iterator goes instead.
-      self._retired = iterator
+      # Deleting a tf.data iterator just after it ends blocks for ~20-300 ms while its threads
+      # wind down: `Retired` deletes it in a daemon thread, off the consumer's path.
+      self._retired.add(iterator)
 
   def _iterator(self, epoch: int) -> tuple[Any, int]:
     # The loader's first iterator is made on the way to the first batch: not snapshotted then, as
@@ -523,7 +533,7 @@ class TFDataSource(Source):
       return
     began = time.perf_counter()
     try:
-      variant = _tf_compat.snapshot_iterator(iterator)
+      variant = _tf_compat.snapshot_iterator(iterator, self._policy)
     except Exception as error:  # pylint: disable=broad-except  # reported by record()
       self._snapshot_error = f"{type(error).__name__}: {error}".strip()
       return
@@ -563,7 +573,7 @@ class TFDataSource(Source):
         if (live is not None and live[0] == epoch and live[2] == step
             and self._snapshot_error is None and all(s.position != step for s in kept)):
           try:
-            kept.append(_Snapshot(step, _tf_compat.snapshot_iterator(live[1])))
+            kept.append(_Snapshot(step, _tf_compat.snapshot_iterator(live[1], self._policy)))
           except Exception as error:  # pylint: disable=broad-except
             self._snapshot_error = f"{type(error).__name__}: {error}".strip()
           kept.sort(key=lambda s: s.position)
@@ -673,20 +683,20 @@ class TFDataSource(Source):
     if record.get("first") and self._made == 0:
       first = iter(self._dataset)
       self._made += 1
-      snapshot_of_first = _tf_compat.snapshot_iterator(first)
+      snapshot_of_first = _tf_compat.snapshot_iterator(first, self._policy)
     iterator = self._restored(record["iterator"], encoding, "iterator", first)
     snapshots = [_Snapshot(position, encoded=record["iterator"])]
     if "epoch_start" in record:
       start = self._restored(record["epoch_start"], encoding, "epoch_start")
       snapshots.insert(0, _Snapshot(-1, encoded=record["epoch_start"]))  # kept as the first
       if encoding is None:  # an earlier version's snapshots, encoded afresh
-        snapshots[0] = _Snapshot(-1, _tf_compat.snapshot_iterator(start))
+        snapshots[0] = _Snapshot(-1, _tf_compat.snapshot_iterator(start, self._policy))
     elif first is not None:
       _tf_compat.restore_snapshot(iter(self._dataset), snapshot_of_first)
       self._made += 1
       snapshots.insert(0, _Snapshot(-1, snapshot_of_first))
     if encoding is None:
-      snapshots[-1] = _Snapshot(position, _tf_compat.snapshot_iterator(iterator))
+      snapshots[-1] = _Snapshot(position, _tf_compat.snapshot_iterator(iterator, self._policy))
     with self._lock:
       self._pending, self._live = (epoch, iterator, position), None
       self._snapshots = {epoch: snapshots}
@@ -702,92 +712,3 @@ class TFDataSource(Source):
                              "this dataset; restore into a loader over the same pipeline.") \
           from error
     return iterator
-
-
-def _fitting(tf: Any, element_spec: Any, count: int, max_bytes: int | None) -> int:
-  """`count` elements, fewer (at least one) where that many would hold over `max_bytes`."""
-  specs = tf.nest.flatten(element_spec)
-  if max_bytes is None or not all(isinstance(spec, tf.TensorSpec) and spec.shape.is_fully_defined()
-                                  for spec in specs):
-    return count
-  size = sum(spec.shape.num_elements() * spec.dtype.size for spec in specs)
-  return max(1, min(count, max_bytes // max(size, 1)))
-
-
-def _ends_with_prefetch(dataset: Any) -> bool:
-  """Whether the pipeline's last stage (past with_options) is a prefetch; by class name, as
-  tf.data has no public way to tell: a wrong guess costs an extra prefetch stage or none."""
-  while type(dataset).__name__ == "_OptionsDataset" and hasattr(dataset, "_input_dataset"):
-    dataset = dataset._input_dataset  # pylint: disable=protected-access
-  return "Prefetch" in type(dataset).__name__
-
-
-def _read_with_next(iterator: Any) -> Any:
-  def read() -> Flat | None:
-    element = next(iterator, None)
-    return None if element is None else flatten(element, batched=True)
-  return read
-
-
-class _TensorReader:
-  """Reads a tf.data iterator's elements as flat tensors with the IteratorGetNext op.
-
-  `next(iterator)` rebuilds every element's structure in Python, 40-90 µs per batch; here the
-  structure, the key paths and the leaf checks are worked out once from the element_spec. Built
-  only when every component is a numeric tensor with a batch dimension; otherwise `next()` and
-  the per-leaf checks (with their errors) are used.
-  """
-
-  def __init__(self, tf: Any, treedef: Any, paths: tuple, order: list[int], specs: list[Any],
-               rows: int | None):
-    try:  # the generated op wrapper, without tf.raw_ops' keyword-checking layer around it
-      from tensorflow.python.ops.gen_dataset_ops import iterator_get_next  # pylint: disable=import-outside-toplevel
-      self._get_next = iterator_get_next
-    except ImportError:
-      self._get_next = tf.raw_ops.IteratorGetNext
-    self._end = tf.errors.OutOfRangeError
-    self._treedef, self._paths, self._order, self._rows = treedef, paths, order, rows
-    self._types = [spec.dtype for spec in specs]
-    # Fully known shapes as lists: the op converts those in C, TensorShapes in Python.
-    self._shapes = [spec.shape.as_list() if spec.shape.is_fully_defined() else spec.shape
-                    for spec in specs]
-
-  @classmethod
-  def build(cls, tf: Any, element_spec: Any, rows: int | None) -> "_TensorReader | None":
-    """`rows`: the static batch size every component shares, if any."""
-    specs = tf.nest.flatten(element_spec)
-    if not specs or any(type(spec) is not tf.TensorSpec or not spec.shape.rank
-                        or tf_dtype_problem(spec.dtype) for spec in specs):
-      return None
-    # Which flat tensor each leaf (in JAX's flattening order) is.
-    keyed, treedef = tree_flatten_with_path(
-        tf.nest.pack_sequence_as(element_spec, list(range(len(specs)))))
-    order = [index for _, index in keyed]
-    if any(type(index) is not int for index in order) or sorted(order) != list(range(len(specs))):
-      return None  # a structure JAX does not flatten like tf.nest (e.g. attrs classes)
-    return cls(tf, treedef, tuple(path for path, _ in keyed), order, specs, rows)
-
-  def bind(self, iterator: Any) -> Any:
-    """A function returning the iterator's next batch, or None at its end (through `next()`
-    where the iterator's resource handle is not reachable)."""
-    resource = getattr(iterator, "_iterator_resource", None)
-    if resource is None:
-      return _read_with_next(iterator)
-    get_next, end, types, shapes = self._get_next, self._end, self._types, self._shapes
-    treedef, paths, order, rows = self._treedef, self._paths, self._order, self._rows
-
-    def read() -> Flat | None:
-      try:
-        flat = get_next(iterator=resource, output_types=types, output_shapes=shapes)
-      except end:
-        return None
-      leaves = [flat[index] for index in order]
-      return Flat(treedef, paths, leaves, batch_rows(paths, leaves) if rows is None else rows)
-    return read
-
-
-def _static_batch_size(tf: Any, element_spec: Any) -> int | None:
-  """The batch size when every component of a tf.data element has the same static first dim."""
-  sizes = {spec.shape[0] if isinstance(spec, tf.TensorSpec) and spec.shape.rank else None
-           for spec in tf.nest.flatten(element_spec)}
-  return sizes.pop() if len(sizes) == 1 and None not in sizes else None

@@ -3,13 +3,14 @@
 Stages of producing a batch: "source" (reading it, or its examples, from the source: tf.data,
 the user's iterator or DataLoader, replays after a restore), "transform" (the host-side work of
 jaxport: checking and flattening elements, stacking examples into batches), "transfer" (placing
-the leaves on devices, dtype casts there, and waiting for copies to finish). They are measured
+the leaves on devices and dtype casts there: dispatching copies, which finish in the background). They are measured
 wherever the producer runs (the prefetch thread, or the consumer waiting on data); "wait" is the
 time the consumer spent blocked in `next()`.
 """
 import dataclasses
 import time
 import weakref
+from typing import Any
 
 STAGES = ("source", "transform", "transfer")
 
@@ -76,11 +77,13 @@ class StageClock:
   Written only by that producer (which one thread at a time runs, under the feed's lock), read
   by the consumer without a lock: each field has a single writer, as in `_prefetch`.
   """
-  __slots__ = ("batches",) + STAGES
+  FIELDS = ("batches",) + STAGES
+  __slots__ = FIELDS + ("pool",)
 
-  def __init__(self):
+  def __init__(self, pool: Any = None):
     self.batches = 0
     self.source = self.transform = self.transfer = 0.0
+    self.pool = pool  # the loader's _host_pool.HostPool for the batches readers stack, if any
 
 
 class Meter:
@@ -108,14 +111,14 @@ class Meter:
 
   def retire(self, clock: StageClock) -> None:
     """Adds the stages of a closed feed's producer."""
-    for field in StageClock.__slots__:
+    for field in StageClock.FIELDS:
       setattr(self._done, field, getattr(self._done, field) + getattr(clock, field))
 
   def snapshot(self, depth: int, prefetch: int, clock: StageClock | None = None) -> LoaderStats:
     """`clock`: the open feed's producer, if any."""
     seconds = 0.0 if self._started is None else time.perf_counter() - self._started
     stages = {field: getattr(self._done, field) + (getattr(clock, field) if clock else 0)
-              for field in StageClock.__slots__}
+              for field in StageClock.FIELDS}
     return LoaderStats(batches=self.batches, bytes=self.bytes, seconds=seconds,
                        wait_seconds=self.wait_seconds, queue_depth=depth,
                        mean_queue_depth=self._depth_sum / self.batches if self.batches else 0.0,

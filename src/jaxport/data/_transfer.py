@@ -9,7 +9,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
 from jaxport.interop.convert import jax_leaf_converter
 from jaxport.data._batches import Flat
-from jaxport.data._leaves import dtype_of, host_view, path_parts, path_str
+from jaxport.data._host_pool import HostPool
+from jaxport.data._leaves import dtype_of, host_view, on_host, path_parts, path_str
 
 DtypesSpec = Any  # None | dtype | Mapping[dtype | str, dtype]
 
@@ -48,13 +49,40 @@ class Placer:
   `jax.make_array_from_process_local_data` assembles the global array.
   """
 
-  def __init__(self, sharding: Sharding | None):
+  def __init__(self, sharding: Sharding | None, pool: HostPool | None = None):
     self.sharding = sharding
     device = default_device() if sharding is None else None
     self._to_device = jax_leaf_converter(device) if device is not None else None
     # Whether placing a host batch copies it (to an accelerator, or laid out over devices).
     self.copies = device is None or device.platform != "cpu"
+    # An accelerator gets host leaves in one jax.device_put per batch (asynchronous: the copy
+    # runs while the next batch is read), straight from the host memory they are in.
+    self._accelerator = device if self.copies and device is not None else None
+    self.pool = pool
     self._by_rank: dict[int, Sharding] = {}
+
+  @property
+  def reuses_host_buffers(self) -> bool:
+    """Whether a host buffer is free again once its copy is done: placing copies it (to an
+    accelerator); on the CPU the device array aliases it."""
+    return self._accelerator is not None
+
+  def put_all(self, paths: tuple, leaves: list) -> tuple[list[jax.Array], int]:
+    """The leaves on device (copies dispatched, not waited for), and the bytes moved."""
+    if self._accelerator is not None and all(on_host(leaf) for leaf in leaves):
+      hosts = [host_view(leaf) for leaf in leaves]
+      # Dtypes JAX narrows (64-bit without jax_enable_x64) go through interop, which checks
+      # their values fit.
+      if all(host.dtype == jax.dtypes.canonicalize_dtype(host.dtype) for host in hosts):
+        return jax.device_put(hosts, self._accelerator), sum(host.nbytes for host in hosts)
+    placed = [self.put(path, leaf) for path, leaf in zip(paths, leaves)]
+    return [array for array, _ in placed], sum(size for _, size in placed)
+
+  def lent(self, leaves: list, arrays: list) -> None:
+    """The batch of `leaves` was placed as `arrays`: pooled host buffers among the leaves are
+    reused once their copies are done."""
+    if self.pool is not None:
+      self.pool.placed(leaves, arrays)
 
   def put(self, path: tuple, leaf: Any) -> tuple[jax.Array, int]:
     """The leaf on device, and the bytes this process moved for it."""
