@@ -6,12 +6,18 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-full test-fast bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# The CPU build of torch first, so the dev extra does not pull CUDA wheels.
 	$(PY) -m pip install -q "torch==2.13.0" || $(PY) -m pip install -q torch
 	$(PY) -m pip install -q -e ".[tf,dev]"
+	# The library corpora (tests/convert/test_corpus_{tfp,sonnet,tfrs,tf_agents}.py), beside TF without
+	# replacing it: --no-deps, since tf-agents pins typing-extensions==4.5 and old gym; then the few
+	# pure-Python modules they import (none of them depends on anything).
+	$(PY) -m pip install -q --no-deps "tensorflow-probability==0.25.0" "dm-sonnet==2.0.2" \
+	  "tensorflow-recommenders==0.7.7" "tf-agents==0.19.0" "gym==0.23.0" "gym-notices==0.1.0" \
+	  "decorator>=5" "tabulate>=0.9" "gin-config>=0.5" "cloudpickle>=2"
 	touch $(STAMP)
 
 demo: $(STAMP)

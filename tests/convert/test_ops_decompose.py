@@ -52,6 +52,19 @@ def test_cholesky_matches_tf_reads_lower_triangle_symmetric_gradient():
         atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("n", [2, 5, 7])
+def test_cholesky_small_is_tfs_bit_for_bit_even_ill_conditioned(n):
+  """Up to 7x7, TF's operation order (Eigen's unblocked LLT): an ill-conditioned matrix (a noiseless
+  GP's kernel, condition ~1e6) amplifies any other rounding far past float32's epsilon."""
+  points = np.random.RandomState(0).uniform(0.1, 0.9, (2, n, 1))
+  kernel = np.exp(-2.0 * (points - np.swapaxes(points, -1, -2)) ** 2).astype(np.float32)
+  matrices = np.concatenate([kernel + 1e-6 * np.eye(n, dtype=np.float32), spd(1, n, n)])
+  expected = tf.linalg.cholesky(matrices).numpy()
+  fn = jaxport.convert_functional(tf.function(tf.linalg.cholesky), matrices)
+  np.testing.assert_array_equal(np.asarray(fn(matrices)), expected)
+  np.testing.assert_array_equal(np.asarray(jax.jit(fn)(matrices)), expected)
+
+
 def test_cholesky_complex():
   z = complex_of(normal(3, 3), normal(3, 3, seed=1))
   check(lambda a: RAW.Cholesky(input=a), (z @ z.conj().T + 3 * np.eye(3)).astype(np.complex64),

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxport.convert.ops._util import xp
+from jaxport.convert.ops._util import rounded_product, xp
 from jaxport.convert.registry import register
 
 
@@ -60,14 +60,51 @@ def _broadcast_batch(a, b):
 # --------------------------------------------------------------------------- decompositions
 
 
+# TF's CPU kernel is Eigen's row-major LLT; below 32 rows, its unblocked loop. While the rows it
+# dots are short, each sum runs scalar by scalar, left to right (bit for bit with TF 2.21 up to
+# 7x7; from 8x8 on, Eigen's packet kernels sum in another order).
+_EIGEN_SCALAR_SUMS = 7
+
+
 @register("Cholesky")
 def cholesky(ctx, a):
-  """Reads the lower triangle; the gradient is symmetric, as TF's."""
+  """Reads the lower triangle; the gradient is symmetric, as TF's. Real matrices up to 7x7 are
+  factored in TF's operation order (bit for bit: an ill-conditioned matrix amplifies any other
+  rounding), larger ones by XLA's Cholesky."""
   a = jnp.asarray(a)
   sym = 0.5 * (a + _adjoint(a))
   # The value of `a` (lower triangle read) with the derivative of its Hermitian part.
   a = lax.stop_gradient(a) + (sym - lax.stop_gradient(sym))
+  n = a.shape[-1]
+  if isinstance(n, int) and 0 < n <= _EIGEN_SCALAR_SUMS and jnp.issubdtype(a.dtype, jnp.floating):
+    return _eigen_llt_unblocked(a)
   return lax.linalg.cholesky(a, symmetrize_input=False)
+
+
+def _eigen_llt_unblocked(a):
+  """Eigen's `llt_inplace::unblocked`, column k: L[k,k] = sqrt(a[k,k] - sum_j L[k,j]^2), then
+  L[i,k] = (a[i,k] - sum_j L[i,j] L[k,j]) / L[k,k] for i > k, each sum from j = 0 up. A matrix
+  that is not positive definite gives NaN throughout (XLA's convention; TF raises)."""
+  n = a.shape[-1]
+  rows = jnp.arange(n)
+  cols, diag_ok = [], []
+  for k in range(n):
+    squares = dots = None
+    for j in range(k):   # sums from j = 0 up, as Eigen's scalar loops; each product rounded (no FMA)
+      l_kj = cols[j][..., k]
+      square, product = rounded_product(l_kj * l_kj), rounded_product(cols[j] * l_kj[..., None])
+      squares = square if j == 0 else squares + square
+      dots = product if j == 0 else dots + product
+    x = a[..., k, k] if squares is None else a[..., k, k] - squares
+    diag_ok.append(x > 0)
+    d = jnp.sqrt(x)
+    below = a[..., :, k] if dots is None else a[..., :, k] - dots
+    # Divided, as Eigen's `A21 /= x`: XLA would multiply by a rounded 1 / d across a broadcast.
+    quotient = below / lax.optimization_barrier(jnp.broadcast_to(d[..., None], below.shape))
+    cols.append(jnp.where(rows > k, quotient, jnp.where(rows == k, d[..., None], 0)))
+  factor = jnp.stack(cols, axis=-1)
+  ok = jnp.all(jnp.stack(diag_ok, axis=-1), axis=-1)
+  return jnp.where(ok[..., None, None], factor, jnp.nan)
 
 
 @register("SelfAdjointEigV2")
