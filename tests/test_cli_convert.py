@@ -66,6 +66,21 @@ def test_convert_keras_file(models, tmp_path, capsys):
     np.testing.assert_allclose(jax.jit(fn)(params, x)[0], model(x).numpy(), atol=1e-6)
 
 
+def test_convert_splits_params_over_shard_files(models, tmp_path, capsys):
+  root, model, _ = models
+  out = tmp_path / "cnn"
+  assert cli.main(["convert", str(root / "cnn.keras"), str(out), "--platforms", "cpu", "--max-shard-bytes", "64B",
+                   "--json"]) == 0
+  files = sorted(p.name for p in out.iterdir())
+  shards = [f for f in files if f.startswith("params-")]
+  assert len(shards) > 1 and jaxport.artifact.PARAMS_INDEX in files and jaxport.artifact.PARAMS_FILE not in files
+  fn, params = jaxport.load(out)
+  x = np.random.RandomState(0).normal(size=(2, 6, 6, 1)).astype(np.float32)
+  np.testing.assert_allclose(jax.jit(fn)(params, x)[0], model(x).numpy(), atol=1e-6)
+  assert cli.main(["convert", str(root / "cnn.keras"), str(tmp_path / "o"), "--max-shard-bytes", "lots"]) == 2
+  assert "--max-shard-bytes 'lots'" in capsys.readouterr().err
+
+
 def test_convert_falls_back_to_batch_1_with_a_note(models, tmp_path, capsys):
   root, *_ = models
   out = tmp_path / "sized"

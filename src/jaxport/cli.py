@@ -134,6 +134,7 @@ def _cmd_convert(args) -> int:
     _check_out_dir(args.out)
     if args.batch is not None and (args.batch < 1 or args.batch_polymorphic):
       raise ValueError(f"--batch {args.batch}: pass a batch size of 1 or more, and not with --batch-polymorphic")
+    max_shard_bytes = None if args.max_shard_bytes is None else _byte_size(args.max_shard_bytes, "--max-shard-bytes")
     if not args.debug:
       _quiet_tensorflow()
   except Exception as e:
@@ -156,7 +157,7 @@ def _cmd_convert(args) -> int:
               f"wrote an artifact for batch {artifact.FALLBACK_BATCH}. Pass --batch N to export another batch "
               "size.", file=sys.stderr)
       with stages.stage("write", args.out):
-        manifest = lowered.write(args.out)
+        manifest = lowered.write(args.out, max_shard_bytes=max_shard_bytes)
     except Exception as e:
       return _input_error(e, args, code=1)
   summary = dict(_convert_summary(args, source.name, manifest, stages.seconds), batch_fallback=lowered.batch_fallback)
@@ -165,6 +166,19 @@ def _cmd_convert(args) -> int:
   else:
     _print_convert_summary(summary)
   return 0
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def _byte_size(text: str, flag: str) -> int:
+  """'4GiB', '500MB', '1048576' as a number of bytes."""
+  import re
+  match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+  unit = match and match.group(2).lower()
+  if not match or unit not in _BYTE_UNITS or float(match.group(1)) * _BYTE_UNITS[unit] < 1:
+    raise ValueError(f"{flag} {text!r}: give a size such as 4GiB, 500MB or 1048576 (bytes)")
+  return int(float(match.group(1)) * _BYTE_UNITS[unit])
 
 
 def _lower(artifact, jax_fn, params, platforms, args):
@@ -392,6 +406,8 @@ def main(argv=None) -> int:
   convert.add_argument("--batch", type=int, default=None, help="export for this fixed batch size where the model's "
                        "batch dim is unknown (default: keep it symbolic)")
   convert.add_argument("--signature", metavar="NAME", help="the SavedModel signature or function to convert")
+  convert.add_argument("--max-shard-bytes", metavar="SIZE", help="split the params over safetensors files of at most "
+                       "this size (e.g. 2GiB) with an index, as on model hubs (default: 4GiB)")
   convert.add_argument("--json", action="store_true", help="print the summary as JSON")
   convert.add_argument("--debug", action="store_true", help="show TF's logs and tracebacks")
   convert.set_defaults(run=_cmd_convert)
