@@ -18,6 +18,12 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps "tensorflow-probability==0.25.0" "dm-sonnet==2.0.2" \
 	  "tensorflow-recommenders==0.7.7" "tf-agents==0.19.0" "gym==0.23.0" "gym-notices==0.1.0" \
 	  "decorator>=5" "tabulate>=0.9" "gin-config>=0.5" "cloudpickle>=2"
+	# TF Model Garden (tests/convert/test_corpus_model_garden.py), also --no-deps: its requirements would
+	# replace TF; official.vision imports tfds, pycocotools and cv2 at import time, so those come too.
+	$(PY) -m pip install -q --no-deps "tf-models-official==2.20.0" "tensorflow-datasets==4.9.10" \
+	  "tensorflow-metadata==1.21.0" "promise==2.3" "toml==0.10.2" "immutabledict==4.3.1" \
+	  "pycocotools==2.0.11" "opencv-python-headless==5.0.0.93" "gin-config>=0.5" "pyyaml>=6" "sentencepiece>=0.2" \
+	  || echo "tf-models-official not installed: tests/convert/test_corpus_model_garden.py will skip"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -470,3 +470,16 @@ def test_dilated_conv_uses_space_to_batch():
   x = np.random.RandomState(0).normal(size=(1, 9, 9, 2)).astype(np.float32)
   w = np.random.RandomState(1).normal(size=(3, 3, 2, 4)).astype(np.float32)
   check(lambda t, k: tf.nn.atrous_conv2d(t, k, rate=2, padding="SAME"), x, w, atol=1e-4, rtol=1e-4)
+
+
+def test_range_from_a_traced_start_has_a_static_length():
+  """`tf.range(start, start + n)` with `start` an input (MoViNet's streaming positional encoding from a
+  frame count): its length n is static, so it runs under jit."""
+  @tf.function
+  def fn(start, x):
+    positions = tf.range(start, start + tf.shape(x)[1], 2)
+    return tf.cast(positions, tf.float32)[None, :] * x[:, ::2]
+  start, x = np.int32(7), np.random.RandomState(0).normal(size=(2, 5)).astype(np.float32)
+  jax_fn, params = jaxport.convert(fn, start, x)
+  for s in (np.int32(7), np.int32(-3)):
+    assert_close(jax.jit(jax_fn)(params, s, x)[0], fn(s, x).numpy(), atol=1e-6, rtol=1e-6)

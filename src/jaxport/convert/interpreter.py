@@ -34,6 +34,7 @@ class Runtime:
     self.custom_gradients = custom_gradients or {}   # id(IdentityN node) -> CustomGradient
     self.softmax_logits: dict[int, tuple] = {}   # id(Softmax result) -> (result, logits, keep); ops/softmax_product
     self.deferred: dict[int, tuple] = {}   # id(constant staged for its size) -> (value, thunk of its NumPy value)
+    self.offsets: dict[int, tuple] = {}    # id(traced x + constant c) -> (result, x, c); ops/array's Range
 
   def read_variable(self, ref: VariableRef):
     try:
@@ -50,6 +51,7 @@ class Runtime:
     child = Runtime(self.library, self.config, self.state if state is None else state,
                     self.rng if rng is ... else rng, self.custom_gradients)
     child.deferred = self.deferred
+    child.offsets = self.offsets
     return child
 
   def call(self, fn_name: str, args) -> list:
@@ -121,10 +123,22 @@ def run_function(fn: GraphFunction, args: list, runtime: Runtime) -> list:
         e.add_note(f"while converting {node.op} node {node.name!r} in {fn.name!r}")
         e._jaxport_noted = True
       raise
+    if node.op in ("AddV2", "Add"):
+      _note_offset(runtime, inputs, out)
     env[name] = tuple(out) if isinstance(out, (tuple, list)) else (out,)
     for src in frees:
       env.pop(src, None)
   return [env[src][idx] for src, idx in fn.outputs]
+
+
+def _note_offset(runtime: Runtime, inputs: list, out) -> None:
+  """Remembers `out = x + c` for a traced scalar x and a constant scalar c: `tf.range(x, x + c)` has the
+  static length c, which Range reads back (a positional encoding starting at a frame count)."""
+  if len(inputs) != 2 or not isinstance(out, jax.Array) or np.ndim(out) != 0:
+    return
+  for x, c in (inputs, inputs[::-1]):
+    if isinstance(x, jax.Array) and isinstance(c, (np.ndarray, np.generic)) and np.ndim(c) == 0:
+      runtime.offsets[id(out)] = (out, x, c)
 
 
 def _call_library_op(ctx: OpContext, *args):

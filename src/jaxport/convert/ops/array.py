@@ -550,6 +550,10 @@ def invert_permutation(ctx, x):
 def range_(ctx, start, limit, delta):
   """TF's Range, computed in `Tidx` like its kernel: the length, then `start + i * delta`."""
   dtype = np.dtype(ctx.attr("Tidx"))
+  offset = ctx.runtime.offsets.get(id(limit))
+  if (offset is not None and offset[0] is limit and offset[1] is start and is_concrete(delta)
+      and np.issubdtype(dtype, np.integer)):
+    return _range_from(ctx, start, offset[2], delta, dtype)
   m = xp(start, limit, delta)   # jax Arrays (a result over max_constant_bytes): a staged iota
   start, limit, delta = (np.asarray(_static_scalar(ctx, v, n), dtype=dtype)[()]
                          for v, n in ((start, "start"), (limit, "limit"), (delta, "delta")))
@@ -561,6 +565,17 @@ def range_(ctx, start, limit, delta):
     return m.arange(start, limit, delta, dtype=_dtype(m, dtype))
   n = int(np.ceil(np.abs((limit - start) / delta)))
   return start + m.arange(n).astype(_dtype(m, dtype)) * delta
+
+
+def _range_from(ctx, start, length, delta, dtype):
+  """`tf.range(start, start + length, delta)` (integers) for a traced start: its length is static."""
+  length, delta = (int(np.asarray(v, dtype=dtype)) for v in (length, delta))
+  if delta == 0:
+    raise ValueError(f"Range node {ctx.name!r}: delta must not be 0")
+  if length * delta < 0:
+    raise ValueError(f"Range node {ctx.name!r}: start cannot reach start + {length} with delta {delta}")
+  n = -(-abs(length) // abs(delta))
+  return jnp.asarray(start, dtype) + jnp.arange(n, dtype=dtype) * delta
 
 
 @register("LinSpace")

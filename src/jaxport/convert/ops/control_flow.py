@@ -105,7 +105,8 @@ def _restricted(fn: GraphFunction, outputs: list[int]) -> GraphFunction:
 def _simulate(fn: GraphFunction, outputs: list[int], args, runtime: Runtime):
   """Runs the part of `fn` computing `outputs` in NumPy; None if it is not constant."""
   try:
-    results = run_function(_restricted(fn, outputs), list(args), runtime.fork(rng=None))
+    # a copy of the variables: a body's assignments must not land in the real state while simulating
+    results = run_function(_restricted(fn, outputs), list(args), runtime.fork(rng=None, state=dict(runtime.state)))
   except Exception:  # noqa: BLE001  -- any failure means "not a trace-time constant"
     return None
   return results if all(is_concrete(r) for r in results) else None
@@ -191,50 +192,107 @@ def while_loop(ctx, *loop_vars):
     if isinstance(v, VariableRef) and i not in passthrough:
       raise NotImplementedError(f"While {ctx.name!r}: loop variable {i} swaps resource handles between iterations")
   dyn_idx = [i for i in range(len(loop_vars)) if i not in static]
-
-  def full_args(dyn):
-    args = list(loop_vars)
-    for i, v in zip(dyn_idx, dyn):
-      args[i] = v
-    return args
-
-  def body(carry, sub_rng):
-    dyn, state = carry
-    rt = runtime.fork(state=dict(state) if body_writes else None, rng=sub_rng)
-    outs = dict(zip(keep, run_function(run_body, full_args(dyn), rt)))
-    new_dyn = [_as_carry(outs[i], d) for i, d in zip(dyn_idx, dyn)]
-    return new_dyn, (rt.state if body_writes else state)
-
-  def cond(carry, sub_rng):
-    dyn, state = carry
-    pred, = run_function(cond_fn, full_args(dyn), runtime.fork(rng=sub_rng))
-    return jnp.asarray(pred).reshape(()).astype(bool)
-
+  trips = _static_trip_count(runtime, cond_fn, body_fn, loop_vars, passthrough)
+  loop = _LaxLoop(cond_fn, run_body, keep, loop_vars, dyn_idx, body_writes, trips)
   init_dyn = [_as_carry(loop_vars[i]) for i in dyn_idx]
   state0 = runtime.state if body_writes else {}
-  trips = _static_trip_count(runtime, cond_fn, body_fn, loop_vars, passthrough)
-  key = runtime.rng
-
-  def iteration_rng(i):
-    return None if key is None else jax.random.fold_in(key, i)
-
   try:
-    carry = materialize_lists(lambda c: body(c, iteration_rng(0)), (init_dyn, state0))
-    if trips is not None:
-      final = lax.fori_loop(0, trips, lambda i, c: body(c, iteration_rng(i)), carry)
-    else:
-      _, final = lax.while_loop(
-          lambda ic: cond(ic[1], iteration_rng(ic[0])),
-          lambda ic: (ic[0] + 1, body(ic[1], iteration_rng(ic[0]))),
-          (jnp.int32(0), carry))
+    dyn, state = _eager_loop(ctx, loop, init_dyn, state0)
   except Exception as e:  # noqa: BLE001 -- shapes that change per step, or that need a loop variable's value
     if not needs_python_loop(e):
       raise
+    iteration_rng = loop.iteration_rng(runtime.rng)
     return _python_while(ctx.name, runtime, cond_fn, run_body, keep, loop_vars, trips, iteration_rng, e)
-  dyn, state = final
   if body_writes:
     runtime.state.update(state)
-  return full_args(dyn)
+  return loop.full_args(dyn)
+
+
+class _LaxLoop:
+  """A While node as lax.fori_loop (known trip count) or lax.while_loop over its dynamic loop vars."""
+
+  def __init__(self, cond_fn, run_body, keep, loop_vars, dyn_idx, body_writes, trips):
+    self.cond_fn, self.run_body, self.keep, self.loop_vars = cond_fn, run_body, keep, loop_vars
+    self.dyn_idx, self.body_writes, self.trips = dyn_idx, body_writes, trips
+
+  def full_args(self, dyn):
+    args = list(self.loop_vars)
+    for i, v in zip(self.dyn_idx, dyn):
+      args[i] = v
+    return args
+
+  @staticmethod
+  def iteration_rng(key):
+    return lambda i: None if key is None else jax.random.fold_in(key, i)
+
+  def __call__(self, runtime, init_dyn, state0):
+    def body(carry, sub_rng):
+      dyn, state = carry
+      rt = runtime.fork(state=dict(state) if self.body_writes else None, rng=sub_rng)
+      outs = dict(zip(self.keep, run_function(self.run_body, self.full_args(dyn), rt)))
+      new_dyn = [_as_carry(outs[i], d) for i, d in zip(self.dyn_idx, dyn)]
+      return new_dyn, (rt.state if self.body_writes else state)
+
+    def cond(carry, sub_rng):
+      dyn, _ = carry
+      pred, = run_function(self.cond_fn, self.full_args(dyn), runtime.fork(rng=sub_rng))
+      return jnp.asarray(pred).reshape(()).astype(bool)
+
+    iteration_rng = self.iteration_rng(runtime.rng)
+    carry = materialize_lists(lambda c: body(c, iteration_rng(0)), (init_dyn, state0))
+    if self.trips is not None:
+      return lax.fori_loop(0, self.trips, lambda i, c: body(c, iteration_rng(i)), carry)
+    _, final = lax.while_loop(lambda ic: cond(ic[1], iteration_rng(ic[0])),
+                              lambda ic: (ic[0] + 1, body(ic[1], iteration_rng(ic[0]))), (jnp.int32(0), carry))
+    return final
+
+
+# Static loop vars up to this size key the cache of eagerly called loops; larger ones skip it.
+_MAX_KEYED_BYTES = 1 << 16
+
+
+def _eager_loop(ctx, loop: _LaxLoop, init_dyn, state0):
+  """Runs `loop`. Called eagerly (no input traced), through a jax.jit cached per node and static loop
+  vars: lax loops outside jit retrace and recompile their body on every call, as each call's body is a
+  new closure. Variables and the rng are arguments of the cached function, never its constants."""
+  runtime = ctx.runtime
+  leaves = jax.tree.leaves((init_dyn, runtime.state, runtime.rng))
+  key = _eager_loop_key(ctx, loop)
+  if key is None or any(isinstance(x, jax.core.Tracer) for x in leaves):
+    return loop(runtime, init_dyn, state0)
+  cache = runtime.library.memo.setdefault("eager_loops", {})
+  if key not in cache:
+    library, config, custom = runtime.library, runtime.config, runtime.custom_gradients
+
+    def staged(init_dyn, state, rng):
+      rt = Runtime(library, config, dict(state), rng, custom)
+      dyn, new_state = loop(rt, init_dyn, rt.state if loop.body_writes else {})
+      return dyn, new_state
+    cache[key] = jax.jit(staged)
+  staged = cache[key]
+  if staged is None:
+    return loop(runtime, init_dyn, state0)
+  try:
+    return staged(init_dyn, dict(runtime.state), runtime.rng)
+  except Exception:  # noqa: BLE001 -- e.g. a body needing concrete values: the loop runs as before
+    cache[key] = None
+    return loop(runtime, init_dyn, state0)
+
+
+def _eager_loop_key(ctx, loop: _LaxLoop):
+  static = []
+  for i, v in enumerate(loop.loop_vars):
+    if i in loop.dyn_idx:
+      continue
+    if isinstance(v, VariableRef):
+      static.append((i, v.key))
+    elif is_concrete(v) and np.asarray(v).nbytes <= _MAX_KEYED_BYTES:
+      v = np.asarray(v)
+      static.append((i, v.dtype.str, v.shape, v.tobytes()))
+    else:
+      return None
+  return (ctx.fn.name if ctx.fn is not None else None, ctx.name, loop.cond_fn.name, loop.run_body.name,
+          tuple(loop.keep), loop.trips, tuple(static))
 
 
 def _python_while(node, runtime, cond_fn, run_body, keep, loop_vars, trips, iteration_rng, cause):
