@@ -413,6 +413,21 @@ def test_export_refuses_a_directory_of_other_files_and_replaces_an_artifact(smal
   np.testing.assert_allclose(fn(params, np.zeros(2, np.float32))[0], np.ones(2))
 
 
+def test_a_failed_export_leaves_an_earlier_artifact_and_no_new_directory(small, tmp_path):
+  # The params are written while the function lowers; a lowering that fails must undo that.
+  a, _ = small
+  before = sorted(p.name for p in a.iterdir())
+  jax_fn, p = jaxport.convert(lambda t: tf.cos(t), _normal(2))
+  with pytest.raises(ArtifactError, match="vjp_order"):
+    jaxport.export(jax_fn, p, path=a, vjp_order=7)
+  assert sorted(p.name for p in a.iterdir()) == before
+  fn, params = jaxport.load(a)
+  assert fn(params, _normal(1, 3))[0].shape == (1, 2)
+  with pytest.raises(ArtifactError, match="vjp_order"):
+    jaxport.export(jax_fn, p, path=tmp_path / "new", vjp_order=7)
+  assert not (tmp_path / "new").exists()
+
+
 # --------------------------------------------------------------------------- without TensorFlow
 
 _BLOCK_TF = """

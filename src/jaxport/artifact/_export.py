@@ -48,26 +48,76 @@ class LoweredArtifact:
   def write(self, path: str | os.PathLike, *, max_shard_bytes: int | None = None) -> dict[str, Any]:
     """Writes the artifact directory (created if needed); returns the manifest written. The params go to
     one safetensors file, or to several of at most `max_shard_bytes` each (default 4 GiB) with an index."""
-    path = os.fspath(path)
-    manifest_path = os.path.join(path, mf.MANIFEST)
-    if os.path.exists(path) and not os.path.isdir(path):
-      raise ArtifactError(f"{path} is a file; pass a new or empty directory (or an artifact to replace).")
-    os.makedirs(path, exist_ok=True)
-    if os.listdir(path) and not os.path.exists(manifest_path):
-      raise ArtifactError(f"{path} is a directory that holds other files and no {mf.MANIFEST}; pass a new or "
-                          "empty directory, or an earlier artifact to replace.")
-    if os.path.exists(manifest_path):
-      os.remove(manifest_path)   # an interrupted rewrite leaves no manifest that lists stale files
-    for name in os.listdir(path):
-      if mf.is_params_payload(name):   # an earlier export's params files, which this one may not replace
-        os.remove(os.path.join(path, name))
+    path = _checked_directory(path)
+    _clear_directory(path)
+    dtypes = {p["name"]: mf.DTYPES[p["dtype"]] for p in self.manifest["params"]}
+    return self._finish(path, write_params(path, self.arrays, dtypes, max_shard_bytes))
+
+  def _finish(self, path: str, params_files: dict[str, dict]) -> dict[str, Any]:
+    """Writes the function and, last, the manifest listing every file (the params are already written)."""
     _write_file(os.path.join(path, mf.FUNCTION_FILE), self.serialized)
     files = {mf.FUNCTION_FILE: {"sha256": mf.sha256_bytes(self.serialized), "bytes": len(self.serialized)}}
-    dtypes = {p["name"]: mf.DTYPES[p["dtype"]] for p in self.manifest["params"]}
-    files.update(write_params(path, self.arrays, dtypes, max_shard_bytes))
+    files.update(params_files)
     manifest = dict(self.manifest, files=files)
-    _write_file(manifest_path, (json.dumps(manifest, indent=1) + "\n").encode())
+    _write_file(os.path.join(path, mf.MANIFEST), (json.dumps(manifest, indent=1) + "\n").encode())
     return manifest
+
+
+def _checked_directory(path: str | os.PathLike) -> str:
+  """`path` as a directory an artifact may be written to (created if need be): new, empty or an artifact."""
+  path = os.fspath(path)
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ArtifactError(f"{path} is a file; pass a new or empty directory (or an artifact to replace).")
+  os.makedirs(path, exist_ok=True)
+  if any(n != _STAGING for n in os.listdir(path)) and not os.path.exists(os.path.join(path, mf.MANIFEST)):
+    raise ArtifactError(f"{path} is a directory that holds other files and no {mf.MANIFEST}; pass a new or "
+                        "empty directory, or an earlier artifact to replace.")
+  return path
+
+
+def _clear_directory(path: str) -> None:
+  """Removes an earlier artifact's manifest (first: an interrupted rewrite leaves no manifest listing stale
+  files) and params files, which this one may not replace."""
+  manifest_path = os.path.join(path, mf.MANIFEST)
+  if os.path.exists(manifest_path):
+    os.remove(manifest_path)
+  for name in os.listdir(path):
+    if mf.is_params_payload(name):
+      os.remove(os.path.join(path, name))
+
+
+_STAGING = ".jaxport-params-staging"   # params written while the function lowers, moved in once it has
+
+
+def _export_overlapped(lower_fn: Callable[[], "LoweredArtifact"], params: dict, path: str | os.PathLike,
+                       max_shard_bytes: int | None) -> dict[str, Any]:
+  """`lower_fn().write(path)`, with the params written (into a staging folder, I/O that releases the GIL)
+  while the function traces and lowers: an export then costs about the longer of the two, not their sum.
+  A failed lowering leaves an earlier artifact at `path` as it was."""
+  import concurrent.futures
+  import shutil
+  created = not os.path.exists(path)
+  path = _checked_directory(path)
+  staging = os.path.join(path, _STAGING)
+  shutil.rmtree(staging, ignore_errors=True)
+  os.makedirs(staging)
+  dtypes = {k: param_dtype(v) for k, v in params.items()}
+  try:
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxport-export") as pool:
+      written = pool.submit(write_params, staging, dict(params), dtypes, max_shard_bytes)
+      lowered = lower_fn()   # on an error, the pool waits for the writer before the staging folder goes
+      params_files = written.result()
+    _clear_directory(path)
+    for name in params_files:
+      os.replace(os.path.join(staging, name), os.path.join(path, name))
+    return lowered._finish(path, params_files)   # pylint: disable=protected-access
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    if created and not os.listdir(path):
+      os.rmdir(path)   # a failed export leaves no directory it made
+    raise
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def _write_file(path: str, data: bytes) -> None:
@@ -98,11 +148,20 @@ def export(jax_fn: Callable, params: dict, *example_args, path: str | os.PathLik
   `params.safetensors`, or, past `max_shard_bytes` (default 4 GiB), to `params-0000i-of-0000N.safetensors`
   files with `params.safetensors.index.json`. Params on devices are copied to the host one file at a time.
   """
-  return lower(jax_fn, params, *example_args, platforms=platforms, batch_polymorphic=batch_polymorphic,
-               vjp_order=vjp_order, **example_kwargs).write(path, max_shard_bytes=max_shard_bytes)
+  _check_params(params)
+  return _export_overlapped(lambda: lower(jax_fn, params, *example_args, platforms=platforms,
+                                          batch_polymorphic=batch_polymorphic, vjp_order=vjp_order,
+                                          **example_kwargs), params, path, max_shard_bytes)
 
 
 FALLBACK_BATCH = 1   # the batch an automatic export fixes when the function cannot be batch-polymorphic
+
+
+def _check_params(params) -> None:
+  bad = [repr(k) for k, v in params.items() if not isinstance(k, str) or not hasattr(v, "dtype")]
+  if bad:
+    raise ArtifactError(f"params must be a flat dict of arrays keyed by name (as jaxport.convert returns them); "
+                        f"these entries are not: {', '.join(bad[:5])}.")
 
 
 def lower(jax_fn: Callable, params: dict, *example_args, platforms: tuple[str, ...] = ("cpu", "cuda"),
@@ -123,10 +182,7 @@ def lower(jax_fn: Callable, params: dict, *example_args, platforms: tuple[str, .
   given = bool(example_args or example_kwargs)
   if not given and hasattr(jax_fn, "_input_structure"):
     example_args, example_kwargs = jax_fn._input_structure
-  bad = [repr(k) for k, v in params.items() if not isinstance(k, str) or not hasattr(v, "dtype")]
-  if bad:
-    raise ArtifactError(f"params must be a flat dict of arrays keyed by name (as jaxport.convert returns them); "
-                        f"these entries are not: {', '.join(bad[:5])}.")
+  _check_params(params)
   auto = batch_polymorphic is None
   if not auto:
     return _lower(jax_fn, params, example_args, example_kwargs, platforms, "all" if batch_polymorphic else None,
