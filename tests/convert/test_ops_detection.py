@@ -115,6 +115,59 @@ def test_nms_rejects_what_tf_rejects():
     fn(boxes, scores)
 
 
+# --------------------------------------------------------------------------- CombinedNonMaxSuppression
+
+
+def _detections(batch=2, n=16, classes=3, q=1, low=0.0, seed=0):
+  """Overlapping boxes (some shared across classes, some clipped by [0, 1]) and distinct scores."""
+  rs = np.random.RandomState(seed)
+  centre, size = rs.uniform(0.1, 0.9, (batch, n, q, 2)), rs.uniform(0.1, 0.6, (batch, n, q, 2))
+  boxes = np.concatenate([centre - size / 2, centre + size / 2], axis=-1).astype(np.float32)
+  scores = rs.permutation(batch * n * classes).reshape(batch, n, classes) / (batch * n * classes)
+  return boxes, (low + (1 - low) * scores).astype(np.float32)
+
+
+@pytest.mark.parametrize("q,pad_per_class,clip_boxes,score_min,low,total", [
+    (1, False, True, 0.3, 0.0, 10),
+    (3, False, False, 0.3, 0.0, 10),
+    (1, True, True, 0.0, 0.0, 100),     # pad_per_class: outputs min(total, per class * classes)
+    (3, True, False, -np.inf, 0.0, 5),
+    (1, False, True, -np.inf, -3.0, 40),   # picks scoring below -1 sort after the kernel's empty slots
+    (1, False, True, 0.99, 0.0, 8),     # hardly anything passes the threshold
+])
+def test_combined_nms_matches_tf(q, pad_per_class, clip_boxes, score_min, low, total):
+  boxes, scores = _detections(q=q, low=low)
+
+  def fn(boxes, scores):
+    return RAW.CombinedNonMaxSuppression(boxes=boxes, scores=scores, max_output_size_per_class=4,
+                                         max_total_size=total, iou_threshold=0.4, score_threshold=score_min,
+                                         pad_per_class=pad_per_class, clip_boxes=clip_boxes)
+  check(fn, boxes, scores, grad=False, vmap=False, atol=0, rtol=0)
+
+
+def test_combined_nms_from_tf_image_under_jit_and_vmap():
+  boxes, scores = _detections(batch=3, q=3, seed=4)
+
+  def fn(boxes, scores):
+    return tf.image.combined_non_max_suppression(boxes, scores, 5, 12, iou_threshold=0.5, score_threshold=0.1)
+  check(fn, boxes, scores, grad=False, vmap=False, atol=0, rtol=0)
+  # The batch axis mapped by vmap: each image alone, then stacked.
+  f = jaxport.convert_functional(fn, boxes[:1], scores[:1])
+  mapped = jax.jit(jax.vmap(lambda b, s: [o[0] for o in f(b[None], s[None])]))(boxes, scores)
+  for k in range(3):
+    assert_close([m[k] for m in mapped], [o[0] for o in fn(boxes[k:k + 1], scores[k:k + 1])], 0, 0, "vmap")
+
+
+def test_combined_nms_rejects_what_tf_rejects():
+  boxes, scores = _detections()
+  fn = lambda b, s: RAW.CombinedNonMaxSuppression(boxes=b, scores=s, max_output_size_per_class=3,  # noqa: E731
+                                                  max_total_size=5, iou_threshold=1.5, score_threshold=0.0)
+  with pytest.raises(tf.errors.InvalidArgumentError):
+    fn(boxes, scores)
+  with pytest.raises(InvalidNodeError, match=r"iou_threshold must be in \[0, 1\]"):
+    jaxport.convert_functional(fn, boxes, scores)(boxes, scores)
+
+
 # --------------------------------------------------------------------------- CropAndResize
 
 IMAGE = np.random.RandomState(3).uniform(0, 1, (2, 6, 7, 3)).astype(np.float32)

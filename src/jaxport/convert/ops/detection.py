@@ -1,4 +1,4 @@
-"""Op rules: object detection (non-max suppression, CropAndResize).
+"""Op rules: object detection (non-max suppression, CombinedNonMaxSuppression, CropAndResize).
 
 Non-max suppression follows TF's CPU kernel (non_max_suppression_op.cc) with a fixed-size
 `lax.while_loop`: each step takes the live candidate with the highest score (ties: the
@@ -196,6 +196,51 @@ def non_max_suppression_with_overlaps(ctx, overlaps, scores, max_output_size, ov
   selected, _, n_valid = _suppress(lambda c, chosen: overlaps[c, chosen].astype(jnp.float32), scores,
                                    _max_output(ctx, max_output_size), overlap_threshold, score_threshold)
   return _unpadded(ctx, [selected], n_valid)[0]
+
+
+@register("CombinedNonMaxSuppression")
+def combined_non_max_suppression(ctx, boxes, scores, max_output_size_per_class, max_total_size, iou_threshold,
+                                 score_threshold):
+  """TF's BatchedNonMaxSuppressionOp: per image and class, hard NMS of the boxes scoring above
+  `score_threshold` (up to `max_output_size_per_class`); then each image's picks of all classes, with the
+  unfilled per-class slots (score -1, class -1, box 0, as the kernel keeps them), sorted by score, of which
+  the first min(number picked, output size) are returned, clipped to [0, 1] with `clip_boxes`."""
+  per_class = _max_output(ctx, max_output_size_per_class)
+  total = static_ints(max_total_size, "max_total_size", ctx)[0]
+  if total <= 0:
+    raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: max_total_size must be > 0, got {total}.")
+  _check_threshold(ctx, iou_threshold, "iou_threshold")
+  boxes = lax.stop_gradient(jnp.asarray(boxes, _F32))
+  scores = lax.stop_gradient(jnp.asarray(scores, _F32))
+  batch, count, q, _ = boxes.shape
+  classes = scores.shape[-1]
+  if q not in (1, classes):
+    raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: the third dimension of boxes must be 1 or the number of "
+                           f"classes ({classes}), got {q}.")
+  size = min(per_class, count)
+  out_size = min(total, per_class * classes) if ctx.attr("pad_per_class") else total
+
+  def one_class(class_boxes, class_scores):
+    index, kept, n = _suppress(_box_similarity(class_boxes), class_scores, size, iou_threshold, score_threshold)
+    valid = jnp.arange(size) < n
+    return jnp.where(valid[:, None], class_boxes[index], 0), jnp.where(valid, kept, -1), valid
+
+  per_class_boxes = jnp.broadcast_to(jnp.moveaxis(boxes, 2, 1), (batch, classes, count, 4))
+  picked, picked_scores, valid = jax.vmap(jax.vmap(one_class))(per_class_boxes, jnp.moveaxis(scores, 2, 1))
+  labels = jnp.where(valid, jnp.arange(classes, dtype=_F32)[:, None], -1)
+  slots = classes * size
+  picked, picked_scores, labels = (x.reshape(batch, slots, *x.shape[3:]) for x in (picked, picked_scores, labels))
+  order = jnp.argsort(-picked_scores, axis=1, stable=True)
+  if slots < out_size:   # fewer slots than outputs: the rest is padding
+    order = jnp.pad(order, ((0, 0), (0, out_size - slots)))
+  order = order[:, :out_size]
+  n_valid = jnp.minimum(jnp.sum(valid.reshape(batch, slots), axis=1), out_size).astype(jnp.int32)
+  shown = jnp.arange(out_size)[None, :] < n_valid[:, None]
+  out_boxes = jnp.take_along_axis(picked, order[..., None], axis=1)
+  if ctx.attr("clip_boxes"):
+    out_boxes = jnp.maximum(jnp.minimum(out_boxes, 1), 0)
+  take = lambda x: jnp.where(shown, jnp.take_along_axis(x, order, axis=1), 0)
+  return (jnp.where(shown[..., None], out_boxes, 0), take(picked_scores), take(labels), n_valid)
 
 
 # --------------------------------------------------------------------------- CropAndResize
