@@ -7,6 +7,7 @@ function is checked against `jax.export`'s own `Exported.call`. Tampered files r
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
@@ -512,6 +513,18 @@ def test_export_records_versions_hashes_and_the_conversion_report(cnn):
   assert manifest["conversion"]["converts"] and manifest["conversion"]["total"]["tiers"]["native"]["nodes"] > 0
   assert manifest["vjp_order"] == 0 and manifest["platforms"] == ["cpu", "cuda"]   # load's fn differentiates itself
   assert {p["name"] for p in manifest["params"]} == set(cnn[1])
+  for name, entry in manifest["files"].items():
+    assert entry["sha256"] == hashlib.sha256((path / name).read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("windows", [0, 0.5, 1, 1.5, 3])
+def test_file_hashes_match_hashlib_across_window_bounds(tmp_path, monkeypatch, windows):
+  import mmap
+  from jaxport.artifact import _manifest
+  monkeypatch.setattr(_manifest, "_HASH_WINDOW", mmap.ALLOCATIONGRANULARITY)   # windows of the smallest size
+  data = np.random.default_rng(0).bytes(int(windows * mmap.ALLOCATIONGRANULARITY))
+  (tmp_path / "f").write_bytes(data)
+  assert _manifest.sha256_file(str(tmp_path / "f")) == hashlib.sha256(data).hexdigest()
 
 
 def test_vjp_order_1_serializes_the_vjp_for_exported_call(tmp_path):

@@ -51,10 +51,23 @@ def sha256_bytes(data: bytes) -> str:
   return hashlib.sha256(data).hexdigest()
 
 
+_HASH_WINDOW = 32 << 20   # bytes mapped (and counted in RSS) per hash call; a multiple of mmap.ALLOCATIONGRANULARITY
+
+
 def sha256_file(path: str) -> str:
-  """The file's SHA-256, read in chunks (through the page cache; the file is never held in memory)."""
+  """The file's SHA-256, hashed from the page cache through 32 MiB memory-mapped windows (never the
+  whole file in memory). Each window is one GIL-free hash call: a thread busy in Python beside it (export's
+  lowering) makes every GIL round trip wait a switch interval, so hashlib's 256 KiB reads took 6 s for
+  160 MB where this takes 0.15 s."""
+  import mmap
+  digest = hashlib.sha256()
   with open(path, "rb") as f:
-    return hashlib.file_digest(f, "sha256").hexdigest()
+    size = os.fstat(f.fileno()).st_size
+    for offset in range(0, size, _HASH_WINDOW):
+      with mmap.mmap(f.fileno(), min(_HASH_WINDOW, size - offset), offset=offset,
+                     access=mmap.ACCESS_READ) as window:
+        digest.update(window)
+  return digest.hexdigest()
 
 
 def shard_file(index: int, count: int) -> str:
