@@ -144,13 +144,8 @@ def log_bessel_kve():
 KVE_UNDER_JIT = ("values under jax.jit: kve's loop to convergence ends ~30 ulp (3.3e-6 relative) from TF's at "
                  "z=1.97, and the log near 1 makes that 2.9e-5; the converted function op by op matches, and "
                  "XLA's platform-dependent-math flags do not change it, so the cause is a rewrite inside XLA's "
-                 "fusions (FMA contraction or a reciprocal), not pinned yet; grad also fails as bessel_ive's")
-CUSTOM_GRADIENT_OVER_WHILE = (
-    "jax.grad: TFP wraps a data-dependent while loop in tf.custom_gradient; jaxport's boundary "
-    "(custom_gradient.apply) takes the results, computed upstream by the converted lax.while_loop, as "
-    "inputs, so reverse mode still linearizes that loop, which JAX cannot transpose (values and jit pass; "
-    "the fix is to run the custom-gradient function's forward subgraph inside the boundary, as "
-    "apply_to_call does for XlaCallModule)")
+                 "fusions (FMA contraction or a reciprocal), not pinned yet; its gradient (a custom gradient over that "
+                 "loop) matches")
 
 
 # --- Bijector flows ------------------------------------------------------------------------------
@@ -254,7 +249,7 @@ def sample_chain():
 XFAIL = {   # name: (precise cause, the error it raises)
     "gamma_sample": (CPU_SAMPLER, AssertionError), "poisson_sample": (CPU_SAMPLER, AssertionError),
     "binomial_sample": (CPU_SAMPLER, AssertionError), "truncated_normal_sample": (TRUNCATED_NORMAL, AssertionError),
-    "gp_noiseless": (ILL_CONDITIONED, AssertionError), "bessel_ive": (CUSTOM_GRADIENT_OVER_WHILE, ValueError),
+    "gp_noiseless": (ILL_CONDITIONED, AssertionError),
     "log_bessel_kve": (KVE_UNDER_JIT, AssertionError),
 }
 CORPUS = {f.__name__: f for f in [

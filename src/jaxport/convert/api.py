@@ -317,7 +317,7 @@ def _custom_gradients(cf, graph: GraphFunction, library: Library, variable_ref) 
     if any(custom_gradient.is_boundary(node) for node in fn.nodes.values()):
       from jaxport.convert import _tf_compat
       tf_graph = cf.graph if fn is graph else _tf_compat.function_def_to_func_graph(library.function_def(fn.name))
-      found.update(custom_gradient.prepare(tf_graph, fn, variable_ref))
+      found.update(custom_gradient.prepare(tf_graph, fn, variable_ref, library))
   return found
 
 

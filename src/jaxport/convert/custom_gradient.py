@@ -35,11 +35,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxport.convert import _jax_compat
-from jaxport.convert.graph import GraphFunction, Library, Node, decode_nodes, dependency_order
+from jaxport.convert.graph import FuncAttr, GraphFunction, Library, Node, decode_nodes, dependency_order
 from jaxport.convert.interpreter import Runtime, VariableRef, run_function
 from jaxport.convert.ops._util import is_concrete
 
 GRADIENT_OP_TYPE = "_gradient_op_type"
+
+
+@dataclasses.dataclass
+class ForwardCall:
+  """The forward computation of a `@tf.custom_gradient` boundary, run inside it (`apply`): reverse mode
+  then never linearizes it, so it may hold what JAX cannot transpose (a data-dependent `while` loop)."""
+  graph: GraphFunction   # inputs: the boundary's arguments, then outside tensors; outputs: results, then captures
+  n_results: int         # the IdentityN inputs it computes (TF puts the function's results first)
+  n_outside: int         # tensors it reads that do not depend on the arguments (variable reads, constants)
+  inner: list[int]       # per fed capture: its index among the graph's capture outputs, or -1 (fed from outside)
 
 
 @dataclasses.dataclass
@@ -50,6 +60,7 @@ class CustomGradient:
   has_grad: list[bool]        # per input: False where TF's gradient is None (zero)
   constants: dict[int, np.ndarray | VariableRef]   # captures not fed by the forward graph
   n_results: int = 0          # on an XlaCallModule (jax2tf): how many IdentityN inputs are its results
+  forward: ForwardCall | None = None   # the forward computation, when it runs inside the boundary
 
 
 def is_boundary(node: Node) -> bool:
@@ -57,7 +68,7 @@ def is_boundary(node: Node) -> bool:
   return node.op == "IdentityN" and bool(node.attrs.get(GRADIENT_OP_TYPE))
 
 
-def prepare(tf_graph, graph: GraphFunction, variable_ref) -> dict[int, CustomGradient]:
+def prepare(tf_graph, graph: GraphFunction, variable_ref, library: Library | None = None) -> dict[int, CustomGradient]:
   """Converts the gradient function of each custom-gradient IdentityN in `graph`, whose TF
   graph (with the ops the gradient functions take) is `tf_graph`.
 
@@ -82,6 +93,7 @@ def prepare(tf_graph, graph: GraphFunction, variable_ref) -> dict[int, CustomGra
       continue
     entries.append((node, tf_graph.get_operation_by_name(node.name), grad_fn))
   found = {}
+  plain = []
   for (node, _, _), (custom, captured) in zip(entries, _trace_gradients(tf_graph, entries, variable_ref)):
     call = _wrapped_call(graph, node)
     if call is not None:   # jax2tf: the boundary is the XlaCallModule itself
@@ -91,8 +103,95 @@ def prepare(tf_graph, graph: GraphFunction, variable_ref) -> dict[int, CustomGra
     else:
       node.inputs = node.inputs + captured
       found[id(node)] = custom
+      plain.append(node.name)
+  if library is not None:   # inner boundaries first: an outer one's forward graph copies them
+    order = dependency_order(plain, lambda n: [src for src, _ in graph.nodes[n].inputs])
+    for name in (n for n in order if n in set(plain)):
+      _take_forward(graph, graph.nodes[name], found, library)
   graph._schedule = None   # node inputs changed
   return found
+
+
+def _take_forward(graph: GraphFunction, node: Node, found: dict, library: Library) -> None:
+  """Moves the computation of boundary `node`'s results from its arguments into its `forward` when that
+  is pure (no variable writes, no rng), and rewires `node` to read the arguments, the outside tensors
+  that computation reads, then the captures the forward graph does not compute. Boundaries inside
+  (already taken) keep their gradients: `found` gets their copies too."""
+  custom = found[id(node)]
+  k = next((i for i, has in enumerate(custom.has_grad) if has), len(custom.has_grad))   # TF: results first
+  results, args = node.inputs[:k], node.inputs[k:custom.n_inputs]
+  captured = node.inputs[custom.n_inputs:]
+  arg_refs = set(args)
+  depends: dict[str, bool] = {}   # per node the results need: whether it reads an argument
+  for name in dependency_order([src for src, _ in results], lambda n: [src for src, _ in graph.nodes[n].inputs]):
+    depends[name] = any(ref in arg_refs or depends[ref[0]] for ref in graph.nodes[name].inputs)
+
+  def computed_from_args(refs) -> list[str]:
+    return [ref[0] for ref in refs if ref not in arg_refs and depends[ref[0]]]
+
+  inside = dependency_order(computed_from_args(results), lambda n: computed_from_args(graph.nodes[n].inputs))
+  if not inside or not _pure(library, [graph.nodes[name] for name in inside]):
+    return
+  inside_set = set(inside)
+  placeholders: dict[tuple[str, int], str] = {}
+
+  def placeholder(ref) -> str:
+    if ref not in placeholders:
+      placeholders[ref] = f"{node.name}/forward/input_{len(placeholders)}"
+    return placeholders[ref]
+
+  for ref in args:
+    placeholder(ref)
+  outside: list[tuple[str, int]] = []
+
+  def remap(ref):
+    if ref[0] in inside_set and ref not in arg_refs:
+      return ref
+    if ref not in arg_refs and ref not in placeholders:
+      outside.append(ref)
+    return (placeholder(ref), 0)
+
+  nodes = {name: dataclasses.replace(graph.nodes[name], inputs=[remap(r) for r in graph.nodes[name].inputs],
+                                     control_inputs=[c for c in graph.nodes[name].control_inputs if c in inside_set])
+           for name in inside}
+  for name in inside:
+    if id(graph.nodes[name]) in found:
+      found[id(nodes[name])] = found[id(graph.nodes[name])]
+  result_refs = [remap(ref) for ref in results]
+  inner = [ref for ref in captured if ref[0] in inside_set]
+  for ref in placeholders:
+    nodes[placeholders[ref]] = Node(placeholders[ref], "Placeholder", [], [], {})
+  forward = GraphFunction(f"{node.name}/forward", nodes, [placeholders[ref] for ref in args + outside],
+                          result_refs + inner)
+  custom.forward = ForwardCall(forward, k, len(outside),
+                               [inner.index(ref) if ref in inner else -1 for ref in captured])
+  node.inputs = args + outside + [ref for ref in captured if ref not in inner]
+
+
+def _pure(library: Library, nodes: list[Node]) -> bool:
+  """Whether running `nodes` has no effect but their outputs: no variable writes, no rng (checked through
+  the functions they call)."""
+  from jaxport.convert.ops.control_flow import node_writes_state
+  from jaxport.convert.registry import ops_where
+  rng_ops = ops_where(needs_rng=True)
+  seen: set[str] = set()
+
+  def clean(node: Node, library) -> bool:
+    if node.op in rng_ops:
+      return False
+    if node_writes_state(library, node):
+      return False
+    called = [v.name for v in node.attrs.values() for v in (v if isinstance(v, list) else [v])
+              if isinstance(v, FuncAttr)] + ([node.op] if node.op in library else [])
+    for fn_name in called:
+      if fn_name in seen:
+        continue
+      seen.add(fn_name)
+      if fn_name not in library or not all(clean(n, library) for n in library[fn_name].nodes.values()):
+        return False
+    return True
+
+  return all(clean(n, library) for n in nodes)
 
 
 def _trace_gradients(tf_graph, entries, variable_ref) -> list[tuple[CustomGradient, list]]:
@@ -200,9 +299,38 @@ def _is_float(x) -> bool:
 
 def apply(custom: CustomGradient, runtime: Runtime, inputs: list) -> list:
   """The IdentityN outputs (its inputs), with `custom` as their gradient."""
+  if custom.forward is not None:
+    return _apply_with_forward(custom, runtime, inputs)
   primals, fed = inputs[:custom.n_inputs], inputs[custom.n_inputs:]
   backward = _Backward(custom, runtime, fed, primals)
   return differentiable(lambda xs: list(xs), backward, primals, backward.res)
+
+
+def _apply_with_forward(custom: CustomGradient, runtime: Runtime, inputs: list) -> list:
+  """The IdentityN outputs, its results computed by `custom.forward` inside the boundary. `inputs`: the
+  arguments, the outside tensors the forward graph reads, then the captures it does not compute."""
+  f = custom.forward
+  n_args = custom.n_inputs - f.n_results
+  args, outside, outer = inputs[:n_args], inputs[n_args:n_args + f.n_outside], iter(inputs[n_args + f.n_outside:])
+  keys = sorted({v.key for v in outside if isinstance(v, VariableRef)})   # variables it reads by handle
+  fed = [_Inner(j) if j >= 0 else next(outer) for j in f.inner]
+  backward = _Backward(custom, runtime, fed, [None] * f.n_results + args)
+  arrays = [i for i, v in enumerate(outside) if isinstance(v, jax.Array) or is_concrete(v)]   # handles stay static
+  n_out = len(arrays)
+
+  def forward(values):
+    a, o, state = values[:n_args], list(outside), values[n_args + n_out:]
+    for i, v in zip(arrays, values[n_args:n_args + n_out]):
+      o[i] = v
+    outs = run_function(f.graph, list(a) + o, runtime.fork(state=dict(zip(keys, state)), rng=None))
+    return outs[:f.n_results] + list(a) + outs[f.n_results:]
+
+  def bwd(res, cts):
+    return backward(res, cts)[f.n_results:] + [None] * (n_out + len(keys))
+
+  state = [runtime.read_variable(VariableRef(k)) for k in keys]
+  return differentiable(forward, bwd, list(args) + [outside[i] for i in arrays] + state, backward.res,
+                        n_inner=len(f.graph.outputs) - f.n_results)
 
 
 def apply_to_call(custom: CustomGradient, runtime: Runtime, forward: Callable, args: list, fed: list) -> list:
@@ -218,6 +346,12 @@ def apply_to_call(custom: CustomGradient, runtime: Runtime, forward: Callable, a
   return differentiable(forward, bwd, args, backward.res)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Inner:
+  """A capture the boundary's forward graph computes: its `index` among that graph's capture outputs."""
+  index: int
+
+
 class _Backward:
   """Runs the converted gradient function: `self(res, dys) -> [gradient or None per IdentityN input]`.
 
@@ -231,7 +365,9 @@ class _Backward:
     n_captures = len(custom.graph.inputs) - len(custom.has_grad)
     self.captures = [custom.constants[i] if i in custom.constants else next(fed) for i in range(n_captures)]
     self.refs = sorted({c.key for c in self.captures if isinstance(c, VariableRef)})
-    self.traced = [i for i, c in enumerate(self.captures) if not isinstance(c, VariableRef) and not is_concrete(c)]
+    self.inner = [(i, c.index) for i, c in enumerate(self.captures) if isinstance(c, _Inner)]
+    self.traced = [i for i, c in enumerate(self.captures)
+                   if not isinstance(c, (VariableRef, _Inner)) and not is_concrete(c)]
     self.res = [runtime.read_variable(VariableRef(k)) for k in self.refs] + [self.captures[i] for i in self.traced]
     self.primals = primals   # shapes and dtypes of the gradients
 
@@ -241,6 +377,8 @@ class _Backward:
     captures = list(self.captures)
     for i, value in zip(self.traced, res[n_refs:]):
       captures[i] = value
+    for i, j in self.inner:   # computed by the forward graph inside the boundary, after `self.res`
+      captures[i] = res[len(self.res) + j]
     grads = iter(run_function(custom.graph, list(dys) + captures, Runtime(custom.library, self.config, state)))
     out = []
     for p, has in zip(self.primals, custom.has_grad):
@@ -249,12 +387,13 @@ class _Backward:
     return out
 
 
-def differentiable(forward: Callable, backward: Callable, args: list, res: list) -> list:
+def differentiable(forward: Callable, backward: Callable, args: list, res: list, n_inner: int = 0) -> list:
   """`forward(args)`, whose forward-mode derivative is `forward`'s own and whose reverse-mode
   derivative is `backward(res, cts) -> [cotangent or None per arg]`.
 
   `cts` holds one cotangent per result of `forward` (zeros where it has none). NumPy
   arguments stay static; only floating-point arguments and results are differentiated.
+  `forward`'s last `n_inner` results are no outputs: residuals `backward` reads after `res`.
   """
   static = {i: a for i, a in enumerate(args) if is_concrete(a)}
   traced = [i for i in range(len(args)) if i not in static]
@@ -265,17 +404,21 @@ def differentiable(forward: Callable, backward: Callable, args: list, res: list)
       out[i] = v
     return out
 
+  def run(values) -> tuple[list, list]:   # (outputs, inner residuals)
+    outs = [jnp.asarray(o) for o in forward(full(values))]
+    return outs[:len(outs) - n_inner], outs[len(outs) - n_inner:]
+
   if not traced:
-    return forward(list(args))
+    return run([])[0]
 
   @jax.custom_jvp
   def boundary(values, res):
-    return [jnp.asarray(o) for o in forward(full(values))]
+    return run(values)[0]
 
   @boundary.defjvp
   def boundary_jvp(primals, tangents):
     (values, res), (t_values, _) = primals, tangents
-    outs = [jnp.asarray(o) for o in forward(full(values))]
+    outs, inner = run(values)
     diff_in = [j for j, v in enumerate(values) if _is_float(v)]
     diff_out = [j for j, o in enumerate(outs) if _is_float(o)]
 
@@ -284,7 +427,7 @@ def differentiable(forward: Callable, backward: Callable, args: list, res: list)
       t = [jnp.zeros(np.shape(v), jax.dtypes.float0) for v in values]
       for j, x in zip(diff_in, lin):
         t[j] = x
-      t_outs = jax.jvp(lambda v: [jnp.asarray(o) for o in forward(full(v))], (list(values),), (t,))[1]
+      t_outs = jax.jvp(lambda v: run(v)[0], (list(values),), (t,))[1]
       return [t_outs[j] for j in diff_out]
 
     def transpose(r, cts):   # the recorded gradient
@@ -296,7 +439,7 @@ def differentiable(forward: Callable, backward: Callable, args: list, res: list)
       chosen = [grads[traced[j]] for j in diff_in]
       return [None if g is None else jnp.asarray(g, values[j].dtype) for g, j in zip(chosen, diff_in)]
 
-    r, r_tree = jax.tree.flatten((list(values), list(res)))
+    r, r_tree = jax.tree.flatten((list(values), list(res) + inner))
     out_avals = [jax.typeof(outs[j]).to_tangent_aval() for j in diff_out]
     t_diff = _jax_compat.custom_linear(lambda r, lin: tangent_map(jax.tree.unflatten(r_tree, r), lin),
                                        lambda r, cts: transpose(jax.tree.unflatten(r_tree, r), cts),
