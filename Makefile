@@ -24,6 +24,11 @@ $(STAMP): pyproject.toml Makefile
 	  "tensorflow-metadata==1.21.0" "promise==2.3" "toml==0.10.2" "immutabledict==4.3.1" \
 	  "pycocotools==2.0.11" "opencv-python-headless==5.0.0.93" "gin-config>=0.5" "pyyaml>=6" "sentencepiece>=0.2" \
 	  || echo "tf-models-official not installed: tests/convert/test_corpus_model_garden.py will skip"
+	# Hugging Face transformers 4.x TF models (tests/convert/test_corpus_transformers.py), also --no-deps: its
+	# requirements would replace TF. At import it checks tokenizers<0.21 and huggingface-hub<1.0, so those
+	# replace the newer ones keras-hub brought (keras-hub runs with them); its other imports are there already.
+	$(PY) -m pip install -q --no-deps "transformers==4.46.3" "tokenizers==0.20.3" "huggingface-hub==0.36.2" \
+	  || echo "transformers not installed: tests/convert/test_corpus_transformers.py will skip"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -5,6 +5,8 @@ tf.Variables) and compares with TF:
   * outputs and assigned variables, converted eager and under `jax.jit`;
   * gradients of a random projection of the outputs w.r.t. trainable params and float inputs,
     against `tf.GradientTape` (when `grad=True`).
+`check_eager_program` does the same for programs whose shapes depend on input values: outputs and
+gradients without jit, and under `jax.jit` the converter's `DynamicShapeError` naming the node.
 Timings (convert s, eager s, TF s, jit s) land in `TIMINGS`, which the benchmark prints.
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ import tensorflow as tf
 import tree
 
 import jaxport
+from jaxport.errors import DynamicShapeError
 
 RTOL = 1e-5
 TIMINGS: dict[str, dict] = {}
@@ -117,7 +120,36 @@ def check_program(name: str, library: str, fn, *args, grad=True, exact=False, rt
   return jax_fn, params
 
 
-def _check_grad(name, tf_fn, jax_fn, params, args, rtol):
+def check_eager_program(name: str, library: str, fn, *args, grad=True, rtol=RTOL, grad_rtol=None):
+  """For programs whose shapes depend on input values (`tf.where` counts, `tf.range` of a reduced mask):
+  outputs and gradients of the converted `fn(*args)` match TF without jit, and under `jax.jit` the
+  converter raises `DynamicShapeError` naming the node and the way out. Returns (jax_fn, params, error)."""
+  tf_fn = tf.function(fn)
+  (jax_fn, params), convert_s = _timed(lambda: jaxport.convert(tf_fn, *args))
+  expected = tree.map_structure(_np, tf_fn(*args))
+  (out, _), eager_s = _timed(lambda: jax_fn(params, *args))
+  assert_close(out, expected, f"{name}: eager", rtol)
+  checks = ["values"]
+  if grad:
+    _check_grad(name, tf_fn, jax_fn, params, args, grad_rtol or rtol, jit=False)
+    checks.append("grad")
+  try:
+    jax.jit(jax_fn)(params, *args)
+  except DynamicShapeError as e:
+    error = e
+  else:
+    raise AssertionError(f"{name}: jax.jit ran; use check_program")
+  assert error.node and f"{error.op} node {error.node!r}" in str(error), str(error)
+  assert "without jax.jit" in str(error), str(error)
+  checks.append("jit raises")
+  tf_args = [tf.constant(a) for a in args]
+  TIMINGS[name] = dict(library=library, checks="+".join(checks), convert_s=convert_s, eager_s=eager_s,
+                       tf_s=_best_of(tf_fn, *args), tf_eager_s=_best_of(fn, *tf_args),
+                       jit=f"{type(error).__name__} at {error.op} {error.node}")
+  return jax_fn, params, error
+
+
+def _check_grad(name, tf_fn, jax_fn, params, args, rtol, jit=True):
   trainable = [k for k in params if jax_fn.trainable[k] and _is_float(params[k])]
   float_idx = [i for i, a in enumerate(args) if _is_float(a)]
   expected = jax_fn(params, *args)[0]   # only its structure and shapes: a TF call could assign variables
@@ -134,8 +166,9 @@ def _check_grad(name, tf_fn, jax_fn, params, args, rtol):
     return sum(jnp.vdot(jnp.asarray(o, jnp.float32), w) for o, w in zip(tree.flatten(out), weights)
                if w is not None)
 
-  grads = jax.jit(jax.grad(loss, argnums=(0, 1)))({k: params[k] for k in trainable},
-                                                  [jnp.asarray(args[i]) for i in float_idx])
+  grad_fn = jax.grad(loss, argnums=(0, 1))
+  grads = (jax.jit(grad_fn) if jit else grad_fn)({k: params[k] for k in trainable},
+                                                 [jnp.asarray(args[i]) for i in float_idx])
   tf_args = [tf.constant(a) for a in args]
   for k, v in jax_fn.tf_variables.items():
     v.assign(params[k])

@@ -104,3 +104,18 @@ def test_slices_with_bounds_from_inputs():
   check(fn, X, np.int32(1), jit=False, vmap=False)
   with pytest.raises(ValueError, match="range slice depend on the inputs"):
     jax.jit(jaxport.convert_functional(fn, X, np.int32(1)))(X, np.int32(1))
+
+
+def _first_rows_sum(x, m):   # a shape from values: tf.range(sum(m)), as Longformer's global attention indices
+  return lambda: tf.reduce_sum(tf.gather(x, tf.range(tf.reduce_sum(m))), axis=0)
+
+
+@pytest.mark.parametrize("m", [i32(1, 1), i32(0, 0)], ids=["then", "else"])
+def test_value_dependent_shape_in_a_branch_picked_by_an_input(m):
+  """If/Case with an input-dependent predicate: an eager call runs only the taken branch, on concrete
+  values as TF does, so a shape inside it may depend on values; under jit that node is named."""
+  if_fn = lambda x, m: tf.cond(tf.reduce_any(m > 0), _first_rows_sum(x, m), lambda: tf.zeros([3]))  # noqa: E731
+  eager_matches_tf_and_jit_names_node(if_fn, X, m, op="Range", operand="limit")
+  case_fn = lambda x, m: tf.switch_case(  # noqa: E731
+      tf.reduce_sum(m), [lambda: tf.zeros([3]), _first_rows_sum(x, m), _first_rows_sum(x, m)])
+  eager_matches_tf_and_jit_names_node(case_fn, X, m, op="Range", operand="limit")

@@ -19,7 +19,7 @@ from jaxport.convert.graph import FuncAttr, GraphFunction
 from jaxport.convert.interpreter import Runtime, VariableRef, run_function
 from jaxport.convert.ops._loops import live_loop_vars, needs_python_loop, pruned, python_loop, used_outputs
 from jaxport.convert.ops._trip_count import closed_form_trip_count
-from jaxport.convert.ops._util import is_concrete
+from jaxport.convert.ops._util import is_concrete, known_value
 from jaxport.convert.ops.tensor_list import TensorList
 from jaxport.convert.registry import ops_where, register
 
@@ -343,9 +343,9 @@ def _branch_call(runtime: Runtime, fn_names: list[str], index, args, out_dtypes)
 @register("If", "StatelessIf", structural=True)
 def if_(ctx, pred, *args):
   names = [ctx.attr("else_branch").name, ctx.attr("then_branch").name]
-  if is_concrete(pred):
-    pred = np.asarray(pred)   # TF: a scalar is truthy by value, other shapes by being non-empty
-    index = int(bool(pred)) if pred.ndim == 0 else int(pred.size > 0)
+  known = known_value(pred)   # a constant, or any value of an eager call: only the taken branch runs, as in TF
+  if known is not None:   # TF: a scalar is truthy by value, other shapes by being non-empty
+    index = int(bool(known)) if known.ndim == 0 else int(known.size > 0)
   else:
     index = jnp.asarray(pred).reshape(()).astype(jnp.int32) != 0
     index = index.astype(jnp.int32)
@@ -356,8 +356,9 @@ def if_(ctx, pred, *args):
 def case(ctx, branch_index, *args):
   names = [f.name for f in ctx.attr("branches")]
   n = len(names)
-  if is_concrete(branch_index):
-    i = int(branch_index)
+  known = known_value(branch_index)
+  if known is not None:
+    i = int(known)
     index = i if 0 <= i < n else n - 1   # TF runs the last branch when out of range
   else:
     i = jnp.asarray(branch_index, jnp.int32)
