@@ -15,6 +15,11 @@ custom transpose (`_jax_compat.custom_linear`):
 * `vmap` batches both; `jit` stages both; second derivatives differentiate the
   converted gradient function.
 
+The forward computation (the nodes between the IdentityN's arguments and its results)
+runs inside the boundary when it is pure (`_take_forward`): reverse mode then never
+linearizes it, so it may hold what JAX cannot transpose, such as the data-dependent
+`while` loop of TFP's Bessel functions.
+
 jax2tf (`with_gradient=True`) wraps each `XlaCallModule` in such an IdentityN, which
 re-exports the module's results and arguments. There the boundary covers the module
 call itself (`apply_to_call`): reverse mode never differentiates the interpreted
