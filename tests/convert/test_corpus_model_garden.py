@@ -38,9 +38,14 @@ XFAIL = {   # name: (precise cause, the error it raises)
   "segmentation_training": ("training-mode batch norm over 8 samples (2x2 at stride 32, batch 2) amplifies f32 "
                             "rounding: logits differ from TF by 3.0e-6 at magnitude 0.105 (atol 1.05e-6); TF's "
                             "own XLA build (jit_compile=True) differs from TF by 3.8e-6", AssertionError),
-  "yolo_training": ("one of 864 raw outputs differs by 1.7e-3 (3.3254 vs 3.3271), training-mode batch norm on "
-                    "a 2x2 level; TF's own XLA build differs from TF by 1.4e-5 there: cause not isolated",
-                    AssertionError),
+}
+
+
+GRAD_RTOL = {   # name: (gradient tolerance, why TF's own float32 gradient is no closer than that to the truth)
+  "yolo_training": (2e-5, "the training-mode batch norm on the 2x2 level (batch 2: 8 samples per channel, "
+                    "max|x|/std 14) passes its input's f32 forward error (4.7e-6 of max) into dx (8.8e-6): against "
+                    "float64 TF, over the first conv kernel's gradient (max 146) jaxport errs by 1.06e-3, TF by "
+                    "1.17e-3 and TF's XLA build by 1.56e-3, so jaxport and TF differ by up to 1.68e-3 > 1e-5 * 146"),
 }
 
 
@@ -55,7 +60,7 @@ def check_model_garden(name, program, training=False):
   fn, args, options = program()
   train_fn = options.pop("train_fn", None)
   if training:
-    return check_program(name, "Model Garden", train_fn, *args)
+    return check_program(name, "Model Garden", train_fn, *args, grad_rtol=GRAD_RTOL.get(name, (None,))[0])
   if name in EAGER_ONLY:
     return check_eager_only(name, fn, *args)
   return check_program(name, "Model Garden", fn, *args, **options)
