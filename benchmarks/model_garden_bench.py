@@ -1,6 +1,6 @@
 """The TF Model Garden corpus as a table: per program, the checks it passes and its times: conversion,
-the converted call without jit (first call: each op compiled on first use; second call: what eager use
-costs), TF's eager call (Keras, op by op) and `tf.function` call, and the jitted converted call.
+the converted call without jit (first call: the graph compiled as one jit, config `eager_jit`, or op
+by op where it cannot trace, each op compiled on first use; second call: what eager use costs), TF's eager call (Keras, op by op) and `tf.function` call, and the jitted converted call.
 
   python benchmarks/model_garden_bench.py [--only bert_encoder,retinanet] [--markdown]
 

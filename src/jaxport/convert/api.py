@@ -1,6 +1,7 @@
 """tf2jax-compatible entry points: TF functions, Keras models, SavedModels → JAX."""
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, Callable, NamedTuple
 
@@ -70,8 +71,7 @@ class ConvertedFunction(CallForms):
     self._retrace = retrace                  # (args, kwargs) -> ConvertedFunction, or None
     self._variants: dict = {}                # static values -> retraced ConvertedFunction
     self._warned_params: set[str] = set()
-    self._jitted_graph = jax.jit(self._run_graph)   # eager calls (see _execute)
-    self._op_by_op: set = set()                     # input shapes whose graph cannot run as one jit
+    self._op_by_op: set = set()                     # input shapes whose graph cannot run as one jit (_execute)
     self._uninitialized = uninitialized or {}   # param key -> "VarHandleOp `name`" with no value in TF
     self.requires_rng = requires_rng
     self.__name__ = name
@@ -121,9 +121,9 @@ class ConvertedFunction(CallForms):
 
   def _execute(self, inputs: list, state: dict, rng) -> tuple[list, dict]:
     """(the graph's outputs, the params it assigned). Called outside any JAX transformation, the graph runs
-    as one `jax.jit` compiled once per input shapes: op by op, each op compiled apart (RetinaNet's first
-    call: 41 s op by op, 4 s as one jit). A graph that cannot be traced (shapes that depend on values)
-    runs op by op, as under `eager_jit=False`."""
+    as one `jax.jit` compiled once per input shapes, with `jaxport.jit`'s XLA options: op by op, each op
+    compiles apart (RetinaNet's first call: 41 s op by op, 4 s as one jit). A graph that cannot be
+    traced (shapes that depend on values) runs op by op, as under `eager_jit=False`."""
     if (self._config["eager_jit"] and _config.get_config("eager_jit") and self._worth_one_jit()
         and not _traced(inputs, state, rng)):
       key = _shapes_key(inputs, state, rng)
@@ -133,6 +133,12 @@ class ConvertedFunction(CallForms):
         except Exception:   # pylint: disable=broad-except - op by op runs it again, and raises what it raises
           self._op_by_op.add(key)
     return self._run_graph(inputs, state, rng)
+
+  @functools.cached_property
+  def _jitted_graph(self) -> Callable:
+    """The graph as one jit for eager calls, with the XLA options `jaxport.jit` picks (a conv net's)."""
+    from jaxport import xla_options
+    return jax.jit(self._run_graph, compiler_options=xla_options.compiler_options(self) or None)
 
   def _worth_one_jit(self) -> bool:
     """Whether the graph has enough nodes that one compile beats compiling its ops apart (which JAX
