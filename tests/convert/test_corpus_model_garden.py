@@ -47,12 +47,13 @@ GRAD_RTOL = {   # name: (gradient tolerance, why TF's own float32 gradient is no
                             "build by 4.8e-4, so jaxport and TF differ by up to 5.9e-4 > 1e-5 * 22.1"),
 }
 RTOL = {   # name: (value tolerance, why TF's own float32 outputs are no closer than that to the truth)
-  "segmentation_training": (3e-5, "training-mode batch norms amplify their inputs' f32 error: the ASPP image-pooling "
+  "segmentation_training": (5e-5, "training-mode batch norms amplify their inputs' f32 error: the ASPP image-pooling "
                             "one normalises 2 samples per channel (gain up to 16 where they differ by 1.7e-3 against "
                             "sqrt(eps) 0.032), those at stride 32 8 samples; fed the same input, jaxport's batch norm "
                             "is as close to float64 as TF's. Against float64 TF, over the logits (max 0.105) jaxport "
-                            "errs by 1.4e-6, TF by 2.85e-6 (2.7e-5 of max) and TF's XLA build by 1.4e-6, so jaxport "
-                            "and TF differ by up to 2.46e-6 > 1e-5 * 0.105"),
+                            "errs by 1.4e-6 under jax.jit and 2.1e-6 called eagerly (one jit with YNNPACK off, other "
+                            "conv kernels), TF by 2.85e-6 (2.7e-5 of max) and TF's XLA build by 1.4e-6, so jaxport "
+                            "and TF differ by up to 4.9e-6 > 1e-5 * 0.105"),
 }
 
 
