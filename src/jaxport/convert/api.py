@@ -144,7 +144,7 @@ class ConvertedFunction(CallForms):
     """Whether the graph has enough nodes that one compile beats compiling its ops apart (which JAX
     caches across functions: a small graph's ops are mostly compiled already)."""
     if "eager_jit" not in self._graph.memo:
-      self._graph.memo["eager_jit"] = len(self._graph.schedule()[0]) >= EAGER_JIT_MIN_NODES
+      self._graph.memo["eager_jit"] = _live_node_count(self._graph, self._library, set()) >= EAGER_JIT_MIN_NODES
     return self._graph.memo["eager_jit"]
 
   def _run_graph(self, inputs: list, state: dict, rng) -> tuple[list, dict]:
@@ -630,7 +630,21 @@ def get_unsupported_operations(op_names) -> set[str]:
   return {op for op in op_names if op not in GRAPH_INPUT_OPS and op_tier(op, conf) == Tier.UNSUPPORTED}
 
 
-EAGER_JIT_MIN_NODES = 32   # live nodes of the top-level graph from which an eager call runs as one jit
+EAGER_JIT_MIN_NODES = 32   # live nodes (with the functions they call) from which an eager call runs as one jit
+
+
+def _live_node_count(fn: GraphFunction, library: Library, seen: set) -> int:
+  """`fn`'s live nodes, with those of the library functions they call (each function once)."""
+  count = 0
+  for node in fn.live_nodes():
+    count += 1
+    called = [v.name for v in node.attrs.values() for v in (v if isinstance(v, list) else [v])
+              if isinstance(v, FuncAttr)] + ([node.op] if node.op in library else [])
+    for name in called:
+      if name not in seen and name in library:
+        seen.add(name)
+        count += _live_node_count(library[name], library, seen)
+  return count
 
 
 def _traced(*values) -> bool:
