@@ -25,6 +25,12 @@ def timed(fn):
   return run
 
 
+def best_of(fn, *args, n: int = 3) -> float:
+  """The fastest of `n` blocked calls `fn(*args)`, in seconds."""
+  run = timed(lambda: fn(*args))
+  return min(run() for _ in range(n))
+
+
 def interleaved(runners: dict, repeats: int) -> dict[str, float]:
   """Median seconds per runner (each returns its own seconds), timed round by round (A, B, C, A, B, C,
   ...) after one warm-up round.

@@ -13,12 +13,12 @@ import argparse
 import importlib
 import os
 import sys
-import time
 import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(ROOT, "tests"), os.path.join(ROOT, "tests", "convert")]
+from _timing import best_of  # noqa: E402 - benchmarks/ is on the path when run as a script
 
 MODULES = {"tfp": "test_corpus_tfp", "sonnet": "test_corpus_sonnet", "tfrs": "test_corpus_tfrs",
            "tf_agents": "test_corpus_tf_agents"}
@@ -42,8 +42,8 @@ def main():
           fn, args, options = program()
           jax_fn, params = library_corpus.check_program(name, module.__name__, fn, *args, **options)
           t = dict(library_corpus.TIMINGS[name])
-          t["eager2_s"] = _best(jax_fn, params, *args)
-          t["tf_eager_s"] = _best(fn, *[tf.constant(a) for a in args])
+          t["eager2_s"] = best_of(jax_fn, params, *args, n=2)
+          t["tf_eager_s"] = best_of(fn, *[tf.constant(a) for a in args], n=2)
         rows.append((name, t))
       except Exception as e:   # noqa: BLE001 - the table lists it
         failures.append((name, "xfail" if xfail else "FAIL", f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"))
@@ -58,16 +58,6 @@ def main():
   _print(header, table, opts.markdown)
   for name, kind, why in failures:
     print(f"{kind}: {name}: {why}")
-
-
-def _best(fn, *args, n=2) -> float:
-  import jax
-  best = float("inf")
-  for _ in range(n):
-    start = time.perf_counter()
-    jax.block_until_ready([x for x in jax.tree.leaves(fn(*args)) if isinstance(x, jax.Array)])
-    best = min(best, time.perf_counter() - start)
-  return best
 
 
 class _nothing:

@@ -16,16 +16,7 @@ import traceback
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(ROOT, "tests"), os.path.join(ROOT, "tests", "convert")]
-
-
-def _time(fn, *args, n=3):
-  import jax
-  best = float("inf")
-  for _ in range(n):
-    start = time.perf_counter()
-    jax.block_until_ready([x for x in jax.tree.leaves(fn(*args)) if isinstance(x, jax.Array)])
-    best = min(best, time.perf_counter() - start)
-  return best
+from _timing import best_of  # noqa: E402 - benchmarks/ is on the path when run as a script
 
 
 def main():
@@ -51,11 +42,11 @@ def main():
         convert_s = time.perf_counter() - start
         library_corpus.TIMINGS[name] = dict(
             library="Model Garden", checks="values (eager only)", convert_s=convert_s,
-            eager_s=_time(jax_fn, params, *args, n=1), tf_s=_time(tf.function(fn), *args), jit_s=float("nan"))
+            eager_s=best_of(jax_fn, params, *args, n=1), tf_s=best_of(tf.function(fn), *args), jit_s=float("nan"))
       t = dict(library_corpus.TIMINGS[name])
-      t["eager2_s"] = _time(jax_fn, params, *args, n=2)
+      t["eager2_s"] = best_of(jax_fn, params, *args, n=2)
       import tensorflow as tf
-      t["tf_eager_s"] = _time(fn, *[tf.constant(a) for a in args], n=2)
+      t["tf_eager_s"] = best_of(fn, *[tf.constant(a) for a in args], n=2)
       rows.append((name, t))
     except Exception as e:   # noqa: BLE001 - the table lists it
       failures.append((name, "xfail" if name in corpus.XFAIL else "FAIL",
