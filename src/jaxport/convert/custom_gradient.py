@@ -110,8 +110,9 @@ def prepare(tf_graph, graph: GraphFunction, variable_ref, library: Library | Non
       found[id(node)] = custom
       plain.append(node.name)
   if library is not None:   # inner boundaries first: an outer one's forward graph copies them
+    boundaries = set(plain)
     order = dependency_order(plain, lambda n: [src for src, _ in graph.nodes[n].inputs])
-    for name in (n for n in order if n in set(plain)):
+    for name in (n for n in order if n in boundaries):
       _take_forward(graph, graph.nodes[name], found, library)
   graph._schedule = None   # node inputs changed
   return found
