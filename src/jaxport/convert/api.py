@@ -13,7 +13,7 @@ import tree
 from jaxport import config as _config
 from jaxport.call_forms import CallForms
 from jaxport.convert import custom_gradient
-from jaxport.convert.graph import FuncAttr, GraphFunction, Library, decode_nodes
+from jaxport.convert.graph import GraphFunction, Library, decode_nodes
 from jaxport.convert.interpreter import Runtime, VariableRef, run_function
 from jaxport.convert.ops._util import has_symbolic, stage_dims
 from jaxport.convert.registry import Tier, get_rule, ops_where
@@ -144,7 +144,8 @@ class ConvertedFunction(CallForms):
     """Whether the graph has enough nodes that one compile beats compiling its ops apart (which JAX
     caches across functions: a small graph's ops are mostly compiled already)."""
     if "eager_jit" not in self._graph.memo:
-      self._graph.memo["eager_jit"] = _live_node_count(self._graph, self._library, set()) >= EAGER_JIT_MIN_NODES
+      live = sum(len(fn.live_nodes()) for fn in _live_functions(self._graph, self._library))   # each function once
+      self._graph.memo["eager_jit"] = live >= EAGER_JIT_MIN_NODES
     return self._graph.memo["eager_jit"]
 
   def _run_graph(self, inputs: list, state: dict, rng) -> tuple[list, dict]:
@@ -292,11 +293,7 @@ def _live_functions(graph: GraphFunction, library: Library, missing: dict[str, l
     fn = pending.pop()
     yield fn
     for node in fn.live_nodes():
-      called = [f.name for value in node.attrs.values() for f in (value if isinstance(value, list) else [value])
-                if isinstance(f, FuncAttr)]
-      if node.op in library:   # direct function-name ops
-        called.append(node.op)
-      for name in called:
+      for name in library.called_by(node):
         if name in seen:
           continue
         seen.add(name)
@@ -631,20 +628,6 @@ def get_unsupported_operations(op_names) -> set[str]:
 
 
 EAGER_JIT_MIN_NODES = 32   # live nodes (with the functions they call) from which an eager call runs as one jit
-
-
-def _live_node_count(fn: GraphFunction, library: Library, seen: set) -> int:
-  """`fn`'s live nodes, with those of the library functions they call (each function once)."""
-  count = 0
-  for node in fn.live_nodes():
-    count += 1
-    called = [v.name for v in node.attrs.values() for v in (v if isinstance(v, list) else [v])
-              if isinstance(v, FuncAttr)] + ([node.op] if node.op in library else [])
-    for name in called:
-      if name not in seen and name in library:
-        seen.add(name)
-        count += _live_node_count(library[name], library, seen)
-  return count
 
 
 def _traced(*values) -> bool:

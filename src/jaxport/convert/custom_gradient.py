@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxport.convert import _jax_compat
-from jaxport.convert.graph import FuncAttr, GraphFunction, Library, Node, decode_nodes, dependency_order
+from jaxport.convert.graph import GraphFunction, Library, Node, decode_nodes, dependency_order
 from jaxport.convert.interpreter import Runtime, VariableRef, run_function
 from jaxport.convert.ops._util import is_concrete
 
@@ -187,9 +187,7 @@ def _pure(library: Library, nodes: list[Node]) -> bool:
       return False
     if node_writes_state(library, node):
       return False
-    called = [v.name for v in node.attrs.values() for v in (v if isinstance(v, list) else [v])
-              if isinstance(v, FuncAttr)] + ([node.op] if node.op in library else [])
-    for fn_name in called:
+    for fn_name in library.called_by(node):
       if fn_name in seen:
         continue
       seen.add(fn_name)

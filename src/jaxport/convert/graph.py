@@ -204,6 +204,12 @@ class Library:
   def names(self):
     return list(self._fdefs)
 
+  def called_by(self, node: Node) -> list[str]:
+    """The functions `node` calls: its function-valued attributes, and its op when that names a function."""
+    called = [f.name for value in node.attrs.values() for f in (value if isinstance(value, list) else [value])
+              if isinstance(f, FuncAttr)]
+    return called + [node.op] if node.op in self else called
+
   def add(self, fn: GraphFunction) -> None:
     """Adds a function built at conversion time (a recovered v1 loop body or cond branch)."""
     self._fdefs[fn.name] = None   # no FunctionDef behind it

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxport.convert.graph import FuncAttr, GraphFunction
+from jaxport.convert.graph import GraphFunction
 from jaxport.convert.interpreter import Runtime, VariableRef, run_function
 from jaxport.convert.ops._loops import live_loop_vars, needs_python_loop, pruned, python_loop, used_outputs
 from jaxport.convert.ops._trip_count import closed_form_trip_count
@@ -48,11 +48,8 @@ def _writes_state(runtime: Runtime, fn_name: str) -> bool:
 
 def node_writes_state(library, node) -> bool:
   """Whether running `node` assigns variables (itself, or through a function it calls)."""
-  called = [v.name for v in node.attrs.values() for v in (v if isinstance(v, list) else [v])
-            if isinstance(v, FuncAttr)]
-  if node.op in library:
-    called.append(node.op)
-  return node.op in ops_where(writes_state=True) or any(function_writes_state(library, name) for name in called)
+  return node.op in ops_where(writes_state=True) or any(function_writes_state(library, name)
+                                                        for name in library.called_by(node))
 
 
 def function_writes_state(library, fn_name: str) -> bool:
