@@ -98,24 +98,23 @@ def seq2seq_transformer_train():
   return fn, (inputs, targets), {}
 
 
-def seq2seq_transformer_beam_search():
-  """Unpadded beam search (beam 3): the while loop grows its self-attention cache by concatenation."""
-  model = _seq2seq(beam_size=3)
+def _beam_search(padded_decode):
+  model = _seq2seq(beam_size=3, padded_decode=padded_decode)
   inputs = np.clip(_ints((BATCH, 7), 30, 5), 2, None)
   inputs[1, -2:] = 0
   fn = lambda inputs: model(dict(inputs=inputs))
   fn(inputs)
   return fn, (inputs,), dict(grad=False)
+
+
+def seq2seq_transformer_beam_search():
+  """Unpadded beam search (beam 3): the while loop grows its self-attention cache by concatenation."""
+  return _beam_search(padded_decode=False)
 
 
 def seq2seq_transformer_padded_beam_search():
   """Padded beam search (beam 3): a preallocated cache written at the loop step (TPU style)."""
-  model = _seq2seq(beam_size=3, padded_decode=True)
-  inputs = np.clip(_ints((BATCH, 7), 30, 5), 2, None)
-  inputs[1, -2:] = 0
-  fn = lambda inputs: model(dict(inputs=inputs))
-  fn(inputs)
-  return fn, (inputs,), dict(grad=False)
+  return _beam_search(padded_decode=True)
 
 
 def t5_transformer():
