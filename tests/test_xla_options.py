@@ -128,3 +128,61 @@ def test_a_loaded_function_without_convolutions_keeps_xla_defaults(tmp_path):
   jaxport.export(jax_fn, params, path=tmp_path / "mlp", platforms=("cpu",))
   loaded, _ = jaxport.load(tmp_path / "mlp")
   assert not loaded.has_convolutions and xla_options.compiler_options(loaded.outputs_only) == {}
+
+
+def _fusions_holding_conv_and_dot(hlo_text: str) -> int:
+  """How many YNNPACK fusions of an optimised HLO module hold both a convolution and a dot."""
+  bodies = dict(re.findall(r"^(%[\w.\-]+) [^\n]*\{\n(.*?)\n\}", hlo_text, re.S | re.M))
+  called = re.findall(r"calls=(%[\w.\-]+)[^\n]*\"kind\":\"__ynn_fusion\"", hlo_text)
+  return sum(1 for name in called if " convolution(" in bodies.get(name, "") and " dot(" in bodies.get(name, ""))
+
+
+def _conv_trunk_with_dense_head():
+  """Two convs, a max-pool, then two dense layers: a tiny VGG."""
+  rs = np.random.RandomState(1)
+  x = rs.randn(2, 16, 16, 3).astype(np.float32)
+  k1, k2 = rs.randn(3, 3, 3, 32).astype(np.float32) * 0.2, rs.randn(3, 3, 32, 32).astype(np.float32) * 0.1
+  w1, w2 = rs.randn(8 * 8 * 32, 64).astype(np.float32) * 0.05, rs.randn(64, 32).astype(np.float32) * 0.1
+
+  def fn(x):
+    y = tf.nn.relu(tf.nn.conv2d(tf.nn.relu(tf.nn.conv2d(x, k1, 1, "SAME")), k2, 1, "SAME"))
+    y = tf.reshape(tf.nn.max_pool2d(y, 2, 2, "VALID"), (2, -1))
+    return tf.nn.relu(tf.matmul(tf.nn.relu(tf.matmul(y, w1)), w2))
+  return fn, x
+
+
+def test_dense_layers_are_not_fused_with_the_conv_trunk_under_plain_jit(monkeypatch):
+  """The speed of a plain `jax.jit` (XLA's default options): YNNPACK runs a conv trunk outlined
+  together with the dense layers after it ~10x slower, so each MatMul's input is a fusion boundary."""
+  fn, x = _conv_trunk_with_dense_head()
+  jax_fn, params = _converted(fn, x)
+  plain = jax.jit(jax_fn.outputs_only)
+  np.testing.assert_allclose(plain(params, x), fn(x).numpy(), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(jaxport.jit(jax_fn.outputs_only)(params, x), plain(params, x), rtol=1e-5, atol=1e-6)
+  hlo = plain.lower(params, x).compile().as_text()
+  assert _fusions_holding_conv_and_dot(hlo) == 0
+  if jax.default_backend() != "cpu":
+    return
+  assert "reduce-precision(" in hlo
+  # The control: without the boundary this jaxlib outlines convs and dots together (else nothing to show).
+  monkeypatch.setattr(xla_options, "fusion_boundary", lambda a: a)
+  unbounded, params = _converted(fn, x)
+  if _fusions_holding_conv_and_dot(jax.jit(unbounded.outputs_only).lower(params, x).compile().as_text()) == 0:
+    pytest.skip("this jaxlib does not outline convolutions and dots into one YNNPACK fusion")
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+def test_fusion_boundary_is_exact_under_every_transform(dtype):
+  info = jnp.finfo(dtype)
+  special = [0.0, -0.0, np.inf, -np.inf, np.nan, float(info.max), float(info.tiny), float(info.smallest_subnormal),
+             -float(info.smallest_subnormal), 1 + float(info.eps), -3.25]
+  x = jnp.asarray(np.array(special + list(np.random.RandomState(0).randn(21) * 1e3), np.float32)).astype(dtype)
+  bits = lambda v: np.asarray(lax.bitcast_convert_type(v, jnp.uint16 if dtype != jnp.float32 else jnp.uint32))
+  for run in (xla_options.fusion_boundary, jax.jit(xla_options.fusion_boundary)):
+    np.testing.assert_array_equal(bits(run(x)), bits(x))
+  finite = jnp.where(jnp.isfinite(x), x, 0).astype(jnp.float32)
+  np.testing.assert_array_equal(jax.grad(lambda v: jnp.sum(xla_options.fusion_boundary(v) * v))(finite), 2 * finite)
+  np.testing.assert_array_equal(jax.jvp(xla_options.fusion_boundary, (finite,), (finite * 3,))[1], finite * 3)
+  np.testing.assert_array_equal(jax.vmap(xla_options.fusion_boundary)(finite.reshape(4, -1)), finite.reshape(4, -1))
+  ints = np.arange(4, dtype=np.int32)
+  assert xla_options.fusion_boundary(ints) is ints   # concrete and non-float values pass through

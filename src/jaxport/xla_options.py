@@ -13,6 +13,10 @@ else in the process. For a conv net jitted elsewhere (a Flax or optax training l
 `compiler_options=CONV_NET_CPU_OPTIONS` to its `jax.jit`, or set the flag for the whole process
 before JAX starts: `XLA_FLAGS="--xla_cpu_experimental_ynn_fusion_type="` (`xla_flags_line()`).
 Other backends ignore `xla_cpu_*` options.
+
+Under a plain `jax.jit` (XLA's defaults) the converted graph itself keeps the worst case away:
+`fusion_boundary` in front of each dense layer stops YNNPACK from outlining a conv trunk together
+with the dense layers after it (VGG16, batch 2: 0.88 s -> 0.34 s, as fast as with YNNPACK off).
 """
 from __future__ import annotations
 
@@ -21,6 +25,9 @@ import warnings
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 # Measured per model in benchmarks/convert_bench.py (see benchmarks/README.md, "YNNPACK on XLA:CPU").
 CONV_NET_CPU_OPTIONS: dict[str, Any] = {"xla_cpu_experimental_ynn_fusion_type": ""}
@@ -68,3 +75,21 @@ def jit(fun: Callable, /, **jit_kwargs) -> Callable:
   """
   options = {**compiler_options(fun), **(jit_kwargs.pop("compiler_options", None) or {})}
   return jax.jit(fun, compiler_options=options or None, **jit_kwargs)
+
+
+_BOUNDARY_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def fusion_boundary(x):
+  """`x` unchanged, behind an op XLA:CPU's YNNPACK fusions cannot absorb (identity elsewhere).
+
+  One YNNPACK fusion holding convolutions and then two or more large dots runs ~10x slower than
+  its parts (VGG16's last conv block + fc1 + fc2, batch 2: 0.62 s vs 0.05 s). `reduce_precision`
+  to the dtype's own exponent and mantissa widths is exact, survives XLA's simplifier, and
+  YNNPACK does not take it, so the fusion stops there; XLA's own loop fusions absorb it.
+  Other dtypes and concrete (NumPy) inputs pass through.
+  """
+  if isinstance(x, (np.ndarray, np.generic)) or jnp.dtype(x.dtype) not in _BOUNDARY_DTYPES:
+    return x
+  info = jnp.finfo(x.dtype)
+  return lax.platform_dependent(x, cpu=lambda v: lax.reduce_precision(v, info.nexp, info.nmant), default=lambda v: v)

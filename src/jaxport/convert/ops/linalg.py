@@ -6,6 +6,7 @@ import functools
 import jax
 import numpy as np
 
+from jaxport import xla_options
 from jaxport.convert.ops import softmax_product
 from jaxport.convert.ops._util import is_concrete, xp
 from jaxport.convert.registry import register
@@ -30,8 +31,10 @@ def _matmul(a, b, out_dtype):
   return _to_dtype(m.matmul(_to_dtype(a, out_dtype), _to_dtype(b, out_dtype)), out_dtype)
 
 
-def _product(ctx, a, b, transpose_a: bool, transpose_b: bool, conjugate: bool, out_dtype):
-  """op(a) @ op(b); a Softmax operand whose axis the product sums over is normalised after it."""
+def _product(ctx, a, b, transpose_a: bool, transpose_b: bool, conjugate: bool, out_dtype,
+             fusion_boundary: bool = False):
+  """op(a) @ op(b); a Softmax operand whose axis the product sums over is normalised after it.
+  `fusion_boundary`: `a` goes through `xla_options.fusion_boundary` first."""
   if a.dtype == out_dtype == b.dtype:
     product = functools.partial(_matmul, out_dtype=out_dtype)
     if not transpose_a and softmax_product.factors_of(ctx, a) is not None:
@@ -39,6 +42,8 @@ def _product(ctx, a, b, transpose_a: bool, transpose_b: bool, conjugate: bool, o
     if transpose_b and softmax_product.factors_of(ctx, b) is not None:
       return softmax_product.matmul_transposed_b(
           ctx, _matrix_transpose(a, conjugate) if transpose_a else a, b, product)
+  if fusion_boundary:
+    a = xla_options.fusion_boundary(a)
   if transpose_a:
     a = _matrix_transpose(a, conjugate)
   if transpose_b:
@@ -48,8 +53,9 @@ def _product(ctx, a, b, transpose_a: bool, transpose_b: bool, conjugate: bool, o
 
 @register("MatMul", size_bounded=True)
 def matmul(ctx, a, b):
+  """A dense layer: its input is a fusion boundary for XLA:CPU (`xla_options.fusion_boundary`)."""
   return _product(ctx, a, b, ctx.attr("transpose_a", False), ctx.attr("transpose_b", False),
-                  conjugate=False, out_dtype=a.dtype)
+                  conjugate=False, out_dtype=a.dtype, fusion_boundary=True)
 
 
 @register("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", size_bounded=True)
