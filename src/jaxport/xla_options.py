@@ -1,17 +1,18 @@
 """XLA compiler options jaxport picks per converted function, and `jaxport.jit`, which applies them.
 
 XLA:CPU (jaxlib 0.10) hands convolutions, dots and their neighbours to YNNPACK. On conv nets that
-loses: it outlines a whole network into one fusion that costs twice the CPU time of the same ops
-run one by one (VGG16, batch 2: 1.84 s vs 0.67 s; TF's graph 0.94 s), and its convolutions and
+loses: it outlines whole networks into one fusion, ~10x slower than its parts when it holds
+convolutions and then large dots (see `fusion_boundary`), and its convolutions and
 GEMMs leave one of two cores idle (InceptionV3 0.50 s vs 0.37 s, DenseNet121 0.26 vs 0.21 s).
 On small recurrent matmuls it wins (an LSTM: 9.6 ms vs 16 ms without it). So a converted graph
 with convolutions compiles with YNNPACK off (`CONV_NET_CPU_OPTIONS`); anything else keeps XLA's
 defaults. Measurements: benchmarks/README.md.
 
 The options are per computation (`jax.jit(..., compiler_options=...)`), so they change nothing
-else in the process. For a conv net jitted elsewhere (a Flax or optax training loop), pass
+else in the process. For a conv net's inference jitted elsewhere (a Flax loop), pass
 `compiler_options=CONV_NET_CPU_OPTIONS` to its `jax.jit`, or set the flag for the whole process
-before JAX starts: `XLA_FLAGS="--xla_cpu_experimental_ynn_fusion_type="` (`xla_flags_line()`).
+before JAX starts: `XLA_FLAGS="--xla_cpu_experimental_ynn_fusion_type="` (`xla_flags_line()`). Not
+for training steps: their backward convs and GEMMs run 1.6-1.9x faster with YNNPACK on.
 Other backends ignore `xla_cpu_*` options.
 
 Under a plain `jax.jit` (XLA's defaults) the converted graph itself keeps the worst case away:
