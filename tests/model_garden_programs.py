@@ -171,7 +171,8 @@ def retinanet():
 
 
 def maskrcnn():
-  """Mask R-CNN (ResNet-18 + FPN): RPN, proposal NMS, multilevel ROI align, box and mask heads."""
+  """Mask R-CNN (ResNet-18 + FPN): RPN, proposal NMS, multilevel ROI align, box and mask heads; its
+  gradient is of the detections (boxes, scores, masks) through ROI align and both heads."""
   from official.vision.configs import maskrcnn as cfg
   from official.vision.modeling import factory
   _seed()
@@ -203,7 +204,7 @@ def maskrcnn():
     out = model(images, tf.constant(shape), {k: tf.constant(v) for k, v in anchors.items()}, training=False)
     return {k: out[k] for k in ("detection_boxes", "detection_scores", "detection_classes", "num_detections",
                                 "detection_masks")}
-  return fn, (images,), dict(grad=False)
+  return fn, (images,), dict(grad=True)
 
 
 def segmentation():

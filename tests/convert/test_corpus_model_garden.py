@@ -4,7 +4,10 @@ their detection generators, DeepLabV3+, MoViNet-A0 (whole clip and streaming) an
 
 Built from Model Garden's configs and factories at tiny sizes (tests/model_garden_programs.py). Each
 converts, matches TF eager and under `jax.jit`, and takes `jax.grad` against `tf.GradientTape`: of its
-inference outputs, or for the detectors (whose outputs come out of NMS) of their training-mode outputs.
+inference outputs, or for RetinaNet and YOLO (whose inference outputs pass NMS's selection only) of
+their training-mode outputs. Mask R-CNN's gradient is of its inference outputs (the selected boxes
+decoded, ROI-aligned and through the mask head): its training mode samples ROIs with TF's stateful
+random ops, which jaxport draws from JAX's rng, so those samples cannot match TF's.
 """
 import importlib.util
 
