@@ -19,3 +19,10 @@ def _no_global_tf_seed_leaks():
   tf = sys.modules.get("tensorflow")
   if tf is not None:
     tf.random.set_seed(None)
+
+
+@pytest.fixture
+def restore_cli_env(monkeypatch):
+  """The `jaxport` commands set TF's log level and the Keras backend; keep that out of other tests."""
+  monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0"))
+  monkeypatch.setenv("KERAS_BACKEND", os.environ.get("KERAS_BACKEND", "tensorflow"))

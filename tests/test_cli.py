@@ -22,11 +22,7 @@ def test_ops_lists_native_rules(capsys):
 # --------------------------------------------------------------------------- inspect
 
 
-@pytest.fixture(autouse=True)
-def _restore_env(monkeypatch):
-  """The command sets TF's log level and the Keras backend; keep that out of other tests."""
-  monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0"))
-  monkeypatch.setenv("KERAS_BACKEND", os.environ.get("KERAS_BACKEND", "tensorflow"))
+pytestmark = pytest.mark.usefixtures("restore_cli_env")
 
 
 @pytest.fixture(scope="module")

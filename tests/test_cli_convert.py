@@ -13,11 +13,7 @@ import jaxport
 from jaxport import cli
 
 
-@pytest.fixture(autouse=True)
-def _restore_env(monkeypatch):
-  """The commands set TF's log level and the Keras backend; keep that out of other tests."""
-  monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0"))
-  monkeypatch.setenv("KERAS_BACKEND", os.environ.get("KERAS_BACKEND", "tensorflow"))
+pytestmark = pytest.mark.usefixtures("restore_cli_env")
 
 
 @pytest.fixture(scope="module")
