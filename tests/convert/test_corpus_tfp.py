@@ -115,9 +115,12 @@ def truncated_normal_sample():
 
 
 TRUNCATED_NORMAL = ("TFP draws with StatelessParameterizedTruncatedNormal, whose rule here samples with "
-                    "jax.random.truncated_normal from a key made of the seed, not with TF's kernel (Philox "
-                    "streams skipped per output, then normal, exponential or uniform rejection by the "
-                    "bounds): valid samples, not TF's")
+                    "jax.random.truncated_normal from a key made of the seed, not with TF's kernel (one Philox "
+                    "stream per shard of its thread pool, skipped by the shard's first output, then normal, "
+                    "exponential or uniform rejection by the bounds): valid samples, not TF's. TF's own "
+                    "samples depend on its thread count beyond a few dozen outputs (a 4000x3 draw, same "
+                    "seed: other values with 1 and 2 intra-op threads), so no converter can match them "
+                    "in general")
 CPU_SAMPLER = ("TF on CPU runs TFP's CPU sampler: Grappler's implementation selector swaps in the function "
                "marked api_preferred_device=CPU (the stateless gamma / poisson / binomial kernels); jaxport "
                "runs the function the graph names, TFP's default rejection sampler (what TF runs under XLA): "
