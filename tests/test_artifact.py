@@ -24,6 +24,7 @@ import tensorflow as tf
 import jaxport
 from jaxport import artifact
 from jaxport.errors import ArtifactError, DtypeMismatchError, MissingInputError, ShapeMismatchError
+from import_blocker import block_imports
 
 RNG = np.random.RandomState(0)
 SRC = pathlib.Path(jaxport.__file__).resolve().parents[1]
@@ -431,14 +432,7 @@ def test_a_failed_export_leaves_an_earlier_artifact_and_no_new_directory(small, 
 
 # --------------------------------------------------------------------------- without TensorFlow
 
-_BLOCK_TF = """
-import importlib.abc, sys
-class _NoTF(importlib.abc.MetaPathFinder):
-  def find_spec(self, name, path=None, target=None):
-    if name.partition(".")[0] in ("tensorflow", "tf_keras", "keras"):
-      raise ImportError("blocked: " + name)
-sys.meta_path.insert(0, _NoTF())
-"""
+_BLOCK_TF = block_imports("tensorflow", "tf_keras", "keras")
 
 _LOAD_AND_CALL = """
 import sys

@@ -7,24 +7,12 @@ import os
 import pathlib
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
-BENCH = pathlib.Path(__file__).parents[1] / "benchmarks" / "gpu_bench.py"
+from import_blocker import WITHOUT_TF
 
-# An import hook that makes `import tensorflow` fail as it does where TF is not installed (a None entry in
-# sys.modules would not: Keras tests `"tensorflow" in sys.modules`).
-_WITHOUT_TF = textwrap.dedent("""
-    import importlib.abc, runpy, sys
-    class _NoTensorFlow(importlib.abc.MetaPathFinder):
-      def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "tensorflow":
-          raise ModuleNotFoundError(f"No module named {name!r}")
-    sys.meta_path.insert(0, _NoTensorFlow())
-    sys.argv = [sys.argv[1], *sys.argv[2:]]
-    runpy.run_path(sys.argv[0], run_name="__main__")
-""")
+BENCH = pathlib.Path(__file__).parents[1] / "benchmarks" / "gpu_bench.py"
 
 
 def _run(args, env):
@@ -41,7 +29,7 @@ def test_gpu_bench_prepares_on_tf_and_runs_without_it(tmp_path):
   for name in os.listdir(artifacts):
     if (artifacts / name).is_dir():   # the params stay behind: the device writes them
       assert not [f for f in os.listdir(artifacts / name) if f.startswith("params")], name
-  printed = _run(["-c", _WITHOUT_TF, str(BENCH), "run", "--artifacts", str(artifacts), "--repeats", "2",
+  printed = _run(["-c", WITHOUT_TF, str(BENCH), "run", "--artifacts", str(artifacts), "--repeats", "2",
                   "--out", str(out)], dict(env, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu"))
   report = json.loads((out / "gpu_bench.json").read_text())
   rows = {(r["model"], r["dtype"]): r for r in report["rows"]}
