@@ -187,7 +187,7 @@ def compare(actual, expected, mode, rtol_scale=1.0, rtol=None, atol=0.0) -> str 
     tol = (rtol if rtol is not None else RTOL[a.dtype.name]) * rtol_scale
     info = ml_dtypes.finfo(np.float32 if a.dtype.kind == "c" and a.dtype.itemsize == 8 else
                            np.float64 if a.dtype.kind == "c" else a.dtype)
-    # XLA's CPU backend flushes denormals to zero (see DOCUMENTED_DIFFERENCES): absolute slack of `tiny`.
+    # XLA's CPU backend flushes denormals to zero (see fuzz_differences.py): absolute slack of `tiny`.
     abs_tol = max(atol, float(info.tiny) * 2, tol if rtol_scale >= 8 else 0.0)   # results near 0
     bad = _mismatch(_as_f64(a), _as_f64(e), tol, abs_tol)
     if bad.any():
