@@ -15,12 +15,15 @@ strides, dilations, `pads(spatial_shape, window)`). They work in NHWC internally
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any, Callable
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 
 Array = Any
 
@@ -70,9 +73,13 @@ def _tap_slices(x: Array, window, out_sizes, spec):
     yield tap, lax.slice(x, (0, *starts, 0), (x.shape[0], *limits, x.shape[-1]), (1, *spec.strides, 1))
 
 
-def _matmul(a: Array, b: Array) -> Array:
-  """[..., k] @ [k, n], accumulating in the inputs' precision like TF's conv."""
-  return lax.dot_general(a, b, (([a.ndim - 1], [0]), ([], [])))
+def matmul_rows(a: Array, b: Array) -> Array:
+  """[..., k] @ [k, n] as one GEMM over the rows of `a` (its leading dims flattened), accumulating in
+  the inputs' precision like TF's conv. The gradient w.r.t. `b` is then a dot contracting one dim,
+  which XLA:CPU runs without the transposing copy of the output gradient it makes to contract several
+  (ResNet50's training step: 15% faster)."""
+  rows = lax.dot_general(a.reshape(-1, a.shape[-1]), b, (([1], [0]), ([], [])))
+  return rows.reshape(*a.shape[:-1], b.shape[-1])
 
 
 # --------------------------------------------------------------------------- lowerings
@@ -84,7 +91,7 @@ def conv_shifted_gemm(x: Array, w: Array, spec) -> Array:
   x, out_sizes = _padded_nhwc(x, w, spec)
   out = None
   for tap, patch in _tap_slices(x, w.shape[:2], out_sizes, spec):
-    term = _matmul(patch, w[tap])
+    term = matmul_rows(patch, w[tap])
     out = term if out is None else out + term
   return _from_nhwc(out, spec)
 
@@ -94,7 +101,7 @@ def conv_im2col(x: Array, w: Array, spec) -> Array:
   w = jnp.asarray(w)
   x, out_sizes = _padded_nhwc(x, w, spec)
   patches = jnp.concatenate([p for _, p in _tap_slices(x, w.shape[:2], out_sizes, spec)], axis=-1)
-  return _from_nhwc(_matmul(patches, w.reshape(-1, w.shape[-1])), spec)
+  return _from_nhwc(matmul_rows(patches, w.reshape(-1, w.shape[-1])), spec)
 
 
 def _combine(rows, matrix):
@@ -165,6 +172,30 @@ def conv_xla(x: Array, w: Array, spec, groups: int = 1) -> Array:
   pads = spec.pads([x.shape[i] for i in spec.spatial], w.shape[:-2])
   return lax.conv_general_dilated(x, w, window_strides=spec.strides, padding=pads, rhs_dilation=spec.dilations,
                                   dimension_numbers=spec.dimension_numbers(), feature_group_count=groups)
+
+
+def conv_xla_tap_filter_grad(x: Array, w: Array, spec) -> Array:
+  """`conv_xla` (groups 1), whose tangent w.r.t. the filter is the shifted-GEMM conv on XLA:CPU: the
+  filter's gradient is then one dot per tap contracting the output rows, where XLA:CPU's own
+  filter-gradient conv (through YNNPACK) ran 1.1-2.8x slower (ResNet50's 7x7 stride-2 stem at batch
+  8: 315 -> 113 ms). Values, and every tangent elsewhere, are XLA's conv."""
+  @jax.custom_jvp
+  def conv(x, w):
+    return conv_xla(x, w, spec)
+
+  def conv_jvp(primals, tangents):
+    (x, w), (dx, dw) = primals, tangents
+    terms = []
+    if not isinstance(dx, SymbolicZero):
+      terms.append(conv_xla(dx, w, spec))
+    if not isinstance(dw, SymbolicZero):
+      terms.append(lax.platform_dependent(x, dw, cpu=functools.partial(conv_shifted_gemm, spec=spec),
+                                          default=functools.partial(conv_xla, spec=spec)))
+    y = conv_xla(x, w, spec)
+    return y, functools.reduce(lax.add, terms) if terms else jnp.zeros_like(y)
+
+  conv.defjvp(conv_jvp, symbolic_zeros=True)
+  return conv(jnp.asarray(x), jnp.asarray(w))
 
 
 LOWERINGS: dict[str, Callable] = {

@@ -66,7 +66,10 @@ def _pointwise_conv(x, w, spec: _ConvSpec):
   for axis, stride in zip(spec.spatial, spec.strides):
     index[axis] = slice(None, None, stride)
   kernel = jnp.asarray(w).reshape(w.shape[-2:])
-  out = lax.dot_general(x[tuple(index)], kernel, (([spec.channel_axis], [0]), ([], [])))
+  x = x[tuple(index)]
+  if spec.channel_axis == x.ndim - 1:
+    return conv_lowering.matmul_rows(x, kernel)
+  out = lax.dot_general(x, kernel, (([spec.channel_axis], [0]), ([], [])))
   return jnp.moveaxis(out, -1, spec.channel_axis)
 
 
@@ -85,6 +88,8 @@ def _conv(x, w, spec: _ConvSpec):
     # Dense 2-D convs as GEMMs/Winograd on CPU (see conv_lowering), XLA's conv elsewhere (cuDNN).
     return lax.platform_dependent(jnp.asarray(x), jnp.asarray(w), cpu=functools.partial(cpu_lowering, spec=spec),
                                   default=functools.partial(conv_lowering.conv_xla, spec=spec))
+  if groups == 1 and len(spec.spatial) == 2:
+    return conv_lowering.conv_xla_tap_filter_grad(x, w, spec)
   return conv_lowering.conv_xla(x, w, spec, groups)
 
 
