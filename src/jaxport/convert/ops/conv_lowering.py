@@ -77,7 +77,7 @@ def matmul_rows(a: Array, b: Array) -> Array:
   """[..., k] @ [k, n] as one GEMM over the rows of `a` (its leading dims flattened), accumulating in
   the inputs' precision like TF's conv. The gradient w.r.t. `b` is then a dot contracting one dim,
   which XLA:CPU runs without the transposing copy of the output gradient it makes to contract several
-  (ResNet50's training step: 15% faster)."""
+  (ResNet50's training step: 9-15% faster in two A/B runs)."""
   rows = lax.dot_general(a.reshape(-1, a.shape[-1]), b, (([1], [0]), ([], [])))
   return rows.reshape(*a.shape[:-1], b.shape[-1])
 
