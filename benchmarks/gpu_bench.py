@@ -158,10 +158,9 @@ def write_params(path: pathlib.Path, model) -> None:
 
 def _relative_error(actual, expected) -> float:
   import jax
-  pairs = zip(jax.tree.leaves(actual), jax.tree.leaves(expected))
-  diff = max(float(np.max(np.abs(np.asarray(a, np.float32) - np.asarray(e, np.float32)))) for a, e in pairs)
+  from jaxport.profiling import max_abs_error
   scale = max(float(np.max(np.abs(np.asarray(e, np.float32)))) for e in jax.tree.leaves(expected))
-  return diff / max(scale, 1e-30)
+  return max_abs_error(actual, expected) / max(scale, 1e-30)
 
 
 def run(args) -> None:
