@@ -121,11 +121,30 @@ def _conv(lhs_spec, rhs_spec, out_spec, **kw):
                                                                 feature_group_count=3)),   # depthwise
     (("NDHWC", "DHWIO", "NDHWC"), (1, 4, 4, 4, 1), (2, 2, 2, 1, 2), dict(window_strides=(1, 2, 1),
                                                                         padding="SAME")),
+    # Mixed layouts and negative padding: the filter tangent's tap GEMMs transpose to NHWC/HWIO and back.
+    (("NHWC", "OHWI", "NCHW"), (2, 7, 6, 3), (4, 3, 2, 3), dict(window_strides=(2, 1), padding=((-1, 1), (0, -1)),
+                                                                rhs_dilation=(1, 2))),
+    (("CHWN", "IHWO", "HWCN"), (3, 6, 6, 2), (3, 2, 2, 5), dict(window_strides=(1, 2), padding="SAME")),
 ])
 def test_convolutions_and_their_gradients(spec, x_shape, w_shape, kw):
   # The gradients are convolutions with lhs dilation, batch_group_count and swapped dims.
   _check(_conv(*spec, **kw), _rand(*x_shape), _rand(*w_shape), ops=["stablehlo.convolution"], grad=(0, 1),
          tol=1e-4)
+
+
+def test_loaded_conv_filter_gradient_is_dots_not_a_conv_on_cpu():
+  # As converted TF convs differentiate (conv_lowering.with_tap_filter_grad): an exported 2-D conv's
+  # filter gradient is one dot per tap on CPU, not XLA:CPU's slower filter-gradient conv.
+  f = _conv("NHWC", "HWIO", "NHWC", window_strides=(2, 2), padding="SAME")
+  x, w = _rand(2, 16, 16, 3), _rand(7, 7, 3, 8)
+  g, _ = _interpreted(f, x, w)
+  lowered = lambda argnums: jax.jit(jax.grad(lambda x, w: jnp.sum(g(x, w) ** 2), argnums)).lower(x, w).as_text()
+  only_w = lowered(1)
+  assert only_w.count("stablehlo.convolution") == 1 and only_w.count("stablehlo.dot_general") >= 49
+  assert lowered((0, 1)).count("stablehlo.convolution") == 2
+  for got, want in zip(jax.grad(lambda x, w: jnp.sum(g(x, w) ** 2), (0, 1))(x, w),
+                       jax.grad(lambda x, w: jnp.sum(f(x, w) ** 2), (0, 1))(x, w)):
+    _close(got, want, 1e-4)
 
 
 def test_gradient_modules_interpret_directly():

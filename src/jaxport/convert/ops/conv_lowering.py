@@ -65,12 +65,23 @@ def _padded_nhwc(x: Array, w: Array, spec) -> tuple[Array, list[int]]:
   return x, out
 
 
-def _tap_slices(x: Array, window, out_sizes, spec):
+def _tap_slices(x: Array, window, out_sizes, strides, dilations):
   """(tap, strided slice of the padded input that tap multiplies), for each kernel tap."""
   for tap in itertools.product(*(range(k) for k in window)):
-    starts = [t * d for t, d in zip(tap, spec.dilations)]
-    limits = [st + (o - 1) * s + 1 for st, o, s in zip(starts, out_sizes, spec.strides)]
-    yield tap, lax.slice(x, (0, *starts, 0), (x.shape[0], *limits, x.shape[-1]), (1, *spec.strides, 1))
+    starts = [t * d for t, d in zip(tap, dilations)]
+    limits = [st + (o - 1) * s + 1 for st, o, s in zip(starts, out_sizes, strides)]
+    yield tap, lax.slice(x, (0, *starts, 0), (x.shape[0], *limits, x.shape[-1]), (1, *strides, 1))
+
+
+def _sum_of_tap_gemms(x: Array, w: Array, strides, dilations) -> Array:
+  """The conv of a padded [N, *spatial, C] input with a [*window, C, O] filter, as one GEMM per tap."""
+  window = w.shape[:-2]
+  out_sizes = [(n - (k - 1) * d - 1) // s + 1 for n, k, d, s in zip(x.shape[1:-1], window, dilations, strides)]
+  out = None
+  for tap, patch in _tap_slices(x, window, out_sizes, strides, dilations):
+    term = matmul_rows(patch, w[tap])
+    out = term if out is None else out + term
+  return out
 
 
 def matmul_rows(a: Array, b: Array) -> Array:
@@ -88,19 +99,28 @@ def matmul_rows(a: Array, b: Array) -> Array:
 def conv_shifted_gemm(x: Array, w: Array, spec) -> Array:
   """Sum over kernel taps of (strided input slice) @ w[tap]."""
   w = jnp.asarray(w)
-  x, out_sizes = _padded_nhwc(x, w, spec)
-  out = None
-  for tap, patch in _tap_slices(x, w.shape[:2], out_sizes, spec):
-    term = matmul_rows(patch, w[tap])
-    out = term if out is None else out + term
-  return _from_nhwc(out, spec)
+  x, _ = _padded_nhwc(x, w, spec)
+  return _from_nhwc(_sum_of_tap_gemms(x, w, spec.strides, spec.dilations), spec)
+
+
+def conv_general_shifted_gemm(lhs: Array, rhs: Array, *, window_strides, padding, rhs_dilation,
+                              dimension_numbers: lax.ConvDimensionNumbers) -> Array:
+  """`lax.conv_general_dilated` with one feature group and no lhs dilation, in any layout, as one GEMM
+  per tap (transposes to [N, *spatial, C] and [*window, C, O] are no-ops for TF's NHWC/HWIO)."""
+  lhs_spec, rhs_spec, out_spec = dimension_numbers
+  x = jnp.transpose(lhs, (lhs_spec[0], *lhs_spec[2:], lhs_spec[1]))
+  w = jnp.transpose(rhs, (*rhs_spec[2:], rhs_spec[1], rhs_spec[0]))
+  x = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0), *[(lo, hi, 0) for lo, hi in padding], (0, 0, 0)])
+  y = _sum_of_tap_gemms(x, w, window_strides, rhs_dilation)
+  return jnp.transpose(y, tuple(np.argsort((out_spec[0], *out_spec[2:], out_spec[1]))))
 
 
 def conv_im2col(x: Array, w: Array, spec) -> Array:
   """Patches (taps concatenated along channels, tap-major like w's reshape) @ w as one GEMM."""
   w = jnp.asarray(w)
   x, out_sizes = _padded_nhwc(x, w, spec)
-  patches = jnp.concatenate([p for _, p in _tap_slices(x, w.shape[:2], out_sizes, spec)], axis=-1)
+  slices = _tap_slices(x, w.shape[:2], out_sizes, spec.strides, spec.dilations)
+  patches = jnp.concatenate([p for _, p in slices], axis=-1)
   return _from_nhwc(matmul_rows(patches, w.reshape(-1, w.shape[-1])), spec)
 
 
@@ -174,27 +194,32 @@ def conv_xla(x: Array, w: Array, spec, groups: int = 1) -> Array:
                                   dimension_numbers=spec.dimension_numbers(), feature_group_count=groups)
 
 
-def conv_xla_tap_filter_grad(x: Array, w: Array, spec) -> Array:
-  """`conv_xla` (groups 1), whose tangent w.r.t. the filter is the shifted-GEMM conv on XLA:CPU: the
-  filter's gradient is then one dot per tap contracting the output rows, where XLA:CPU's own
-  filter-gradient conv (through YNNPACK) ran 1.1-2.8x slower (ResNet50's 7x7 stride-2 stem at batch
-  8: 315 -> 113 ms). Values, and every tangent elsewhere, are XLA's conv."""
+def with_tap_filter_grad(conv: Callable, taps: Callable) -> Callable:
+  """`conv(x, w)` whose tangent w.r.t. the filter is `taps(x, w)` (the same conv as one GEMM per tap)
+  on XLA:CPU: the filter's gradient is then one dot per tap contracting the output rows, where
+  XLA:CPU's own filter-gradient conv (through YNNPACK) ran 1.1-2.8x slower (ResNet50's 7x7 stride-2
+  stem at batch 8: 315 -> 113 ms). Values, and every tangent elsewhere, are `conv`'s."""
   @jax.custom_jvp
-  def conv(x, w):
-    return conv_xla(x, w, spec)
+  def tapped(x, w):
+    return conv(x, w)
 
-  def conv_jvp(primals, tangents):
+  def tapped_jvp(primals, tangents):
     (x, w), (dx, dw) = primals, tangents
     terms = []
     if not isinstance(dx, SymbolicZero):
-      terms.append(conv_xla(dx, w, spec))
+      terms.append(conv(dx, w))
     if not isinstance(dw, SymbolicZero):
-      terms.append(lax.platform_dependent(x, dw, cpu=functools.partial(conv_shifted_gemm, spec=spec),
-                                          default=functools.partial(conv_xla, spec=spec)))
-    y = conv_xla(x, w, spec)
+      terms.append(lax.platform_dependent(x, dw, cpu=taps, default=conv))
+    y = conv(x, w)
     return y, functools.reduce(lax.add, terms) if terms else jnp.zeros_like(y)
 
-  conv.defjvp(conv_jvp, symbolic_zeros=True)
+  tapped.defjvp(tapped_jvp, symbolic_zeros=True)
+  return tapped
+
+
+def conv_xla_tap_filter_grad(x: Array, w: Array, spec) -> Array:
+  """`conv_xla` (groups 1) with the filter gradient of `with_tap_filter_grad`."""
+  conv = with_tap_filter_grad(functools.partial(conv_xla, spec=spec), functools.partial(conv_shifted_gemm, spec=spec))
   return conv(jnp.asarray(x), jnp.asarray(w))
 
 

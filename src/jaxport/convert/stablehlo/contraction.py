@@ -10,12 +10,14 @@ tolerance, not bit for bit: the summation order is XLA's choice each time it com
 """
 from __future__ import annotations
 
+import functools
 import re
 
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxport.convert.ops import conv_lowering
 from jaxport.convert.stablehlo.elementwise import canon, jax_dtype
 from jaxport.convert.stablehlo.interpreter import handler
 from jaxport.errors import StableHLOError
@@ -114,17 +116,24 @@ def convolution(ctx, lhs, rhs):
       rhs_spec=(dn["kernel_output_feature_dimension"], dn["kernel_input_feature_dimension"],
                 *dn["kernel_spatial_dimensions"]),
       out_spec=(dn["output_batch_dimension"], dn["output_feature_dimension"], *dn["output_spatial_dimensions"]))
-  return lax.conv_general_dilated(
-      lhs, rhs,
-      window_strides=tuple(ctx.attrs.get("window_strides") or ones),
-      padding=padding,
-      lhs_dilation=tuple(ctx.attrs.get("lhs_dilation") or ones),
-      rhs_dilation=tuple(ctx.attrs.get("rhs_dilation") or ones),
-      dimension_numbers=dnums,
-      feature_group_count=int(ctx.attrs.get("feature_group_count", 1)),
-      batch_group_count=int(ctx.attrs.get("batch_group_count", 1)),
-      precision=_precision(ctx),
-      preferred_element_type=_preferred(ctx, lhs, rhs))
+  strides = tuple(ctx.attrs.get("window_strides") or ones)
+  lhs_dilation = tuple(ctx.attrs.get("lhs_dilation") or ones)
+  rhs_dilation = tuple(ctx.attrs.get("rhs_dilation") or ones)
+  groups = int(ctx.attrs.get("feature_group_count", 1))
+  batch_groups = int(ctx.attrs.get("batch_group_count", 1))
+  preferred = _preferred(ctx, lhs, rhs)
+  conv = functools.partial(
+      lax.conv_general_dilated, window_strides=strides, padding=padding, lhs_dilation=lhs_dilation,
+      rhs_dilation=rhs_dilation, dimension_numbers=dnums, feature_group_count=groups,
+      batch_group_count=batch_groups, precision=_precision(ctx), preferred_element_type=preferred)
+  if (spatial == 2 and groups == 1 and batch_groups == 1 and lhs_dilation == ones and preferred is None
+      and jnp.issubdtype(lhs.dtype, jnp.floating) and lhs.dtype == rhs.dtype):
+    # A forward 2-D conv (as converted TF convs export): its filter gradient by one GEMM per tap on
+    # CPU, as the converter's own rule differentiates it.
+    taps = functools.partial(conv_lowering.conv_general_shifted_gemm, window_strides=strides, padding=padding,
+                             rhs_dilation=rhs_dilation, dimension_numbers=dnums)
+    return conv_lowering.with_tap_filter_grad(conv, taps)(lhs, rhs)
+  return conv(lhs, rhs)
 
 
 # --------------------------------------------------------------------------- fft and solvers
