@@ -379,13 +379,47 @@ def test_tensor_array_api_emits_the_tensor_list_ops():
   check(fn, X)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: TensorListScatterIntoExistingList does not grow the list to the "
-                   "largest index + 1 as TF does, so scattering into an empty dynamic-size TensorArray "
-                   "drops every element (shape (0, 4) instead of (2, 4))")
 def test_tensor_list_scatter_into_existing_list_grows_the_list():
   def fn(x):
     lst = RAW.EmptyTensorList(element_shape=[4], max_num_elements=-1, element_dtype=F32)
     lst = RAW.TensorListScatterIntoExistingList(input_handle=lst, tensor=x[:2], indices=[1, 0])
     return _stack(lst)
 
+  def reserved(x):   # a list of 2 grows to 4
+    lst = RAW.TensorListReserve(element_shape=[4], num_elements=2, element_dtype=F32)
+    lst = RAW.TensorListScatterIntoExistingList(input_handle=lst, tensor=x[:2], indices=[3, 2])
+    return _stack(lst)
+
   check(fn, X)
+  check(reserved, X)
+
+
+def test_tensor_list_scatter_into_existing_list_gap_is_zero():
+  # An element the growth adds but no index writes reads as zeros, as a reserved one does. TF 2.21's
+  # TensorListStack instead packs the written elements together and leaves the rest uninitialized
+  # (eagerly, [3, 0] into an empty list stacks [x1, x0, garbage, garbage]), so TF is no oracle here.
+  def fn(x):
+    lst = RAW.EmptyTensorList(element_shape=[4], max_num_elements=-1, element_dtype=F32)
+    lst = RAW.TensorListScatterIntoExistingList(input_handle=lst, tensor=x[:2], indices=[3, 0])
+    return _stack(lst)
+
+  jax_fn, params = jaxport.convert(tf.function(fn), X)
+  want = np.zeros((4, 4), np.float32)
+  want[3], want[0] = X[0], X[1]
+  np.testing.assert_array_equal(jax_fn(params, X)[0], want)
+  np.testing.assert_array_equal(jax.jit(jax_fn)(params, X)[0], want)
+
+
+def test_tensor_list_scatter_into_existing_list_with_traced_indices():
+  # Indices that are inputs size the list eagerly (as TF); under jit they cannot, and a list too short
+  # for the scattered rows is refused with the node named rather than dropping rows.
+  def fn(x, indices):
+    lst = RAW.EmptyTensorList(element_shape=[4], max_num_elements=-1, element_dtype=F32)
+    lst = RAW.TensorListScatterIntoExistingList(input_handle=lst, tensor=x[:2], indices=indices)
+    return _stack(lst)
+
+  indices = np.array([1, 0], np.int32)
+  jax_fn, params = jaxport.convert(tf.function(fn), X, indices)
+  np.testing.assert_array_equal(jax_fn(params, X, indices)[0], fn(X, indices).numpy())
+  with pytest.raises(jaxport.errors.DynamicShapeError, match="TensorListScatterIntoExistingList"):
+    jax.jit(jax_fn)(params, X, indices)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxport.convert.ops._util import is_concrete, static_ints
+from jaxport.convert.ops._util import is_concrete, known_value, static_ints, static_value
 from jaxport.convert.registry import register
 
 
@@ -200,8 +200,15 @@ def tensor_list_gather(ctx, lst, indices, element_shape):
 
 @register("TensorListScatterIntoExistingList", structural=True)
 def tensor_list_scatter_into_existing(ctx, lst, tensor, indices):
+  # As TF does, a list shorter than the largest index + 1 grows to it. Traced indices cannot size
+  # it, so they must fit a list of at least one element per scattered row.
+  idx = known_value(indices)
+  if idx is None and lst.size < tensor.shape[0]:
+    static_value(indices, "indices", ctx)   # raises DynamicShapeError naming the node
   if lst.items is None:
     lst = TensorList(None, lst.dtype, tuple(tensor.shape[1:]), lst.size)
+  if idx is not None and idx.size and int(np.max(idx)) >= lst.size:
+    lst = _resized(lst, int(np.max(idx)) + 1, tuple(tensor.shape[1:]))
   return lst.with_items(lst.dense().at[jnp.asarray(indices)].set(jnp.asarray(tensor, lst.dtype)))
 
 
