@@ -5,12 +5,14 @@ jaxport: `jaxport.convert(lambda t: model(t, training=True), x)`, then the user'
 of a softmax cross-entropy over the trainable params, an optax Adam update, BatchNorm's moving
 statistics taken from `new_params` -- in their own `jax.jit` (XLA's default options), with the state
 donated as a training loop does; the same step with `xla_options.CONV_NET_CPU_OPTIONS` in its own
-column. TF: `GradientTape` + `apply_gradients` of a Keras Adam in a `tf.function` (graph) and with
+column; and the same step on the converted function exported and `jaxport.load`ed (a user fine-tuning
+from an artifact: the StableHLO interpreter's function differentiated). TF: `GradientTape` + `apply_gradients` of a Keras Adam in a `tf.function` (graph) and with
 `jit_compile=True` (XLA). Both start from the same weights; the first step's losses are compared.
 """
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 import time
 
 import numpy as np
@@ -18,7 +20,7 @@ import numpy as np
 from _bench_models import build_model, example_input
 from _timing import interleaved
 
-SYSTEMS = ("jax.jit", "jax.jit + conv options", "TF graph", "TF XLA")
+SYSTEMS = ("jax.jit", "jax.jit + conv options", "artifact jax.jit", "TF graph", "TF XLA")
 
 
 @dataclasses.dataclass
@@ -29,6 +31,7 @@ class TrainRow:
   compile_s: float              # the user's jax.jit step: lower + compile
   tf_xla_first_s: float         # TF XLA's first step (tracing + compile + one step)
   loss_rel_err: float           # first-step loss, jaxport vs TF graph
+  artifact_loss_rel_err: float  # first-step loss, the loaded artifact vs the converted function
 
   def ratio(self, system: str, to: str = "TF graph") -> float:
     return self.run_s[system] / self.run_s[to]
@@ -91,16 +94,21 @@ def measure_train(name: str, batch: int, repeats: int) -> TrainRow:
   jax_fn, params = jaxport.convert(lambda t: model(t, training=True), x)   # before TF's steps move the weights
   params = {k: np.asarray(v) for k, v in params.items()}
   x_device, y_device = jax.device_put(x), jax.device_put(y)
-  steps, states, first_loss = {}, {}, None
+  with tempfile.TemporaryDirectory() as artifact:
+    jaxport.export(jax_fn, params, x, path=artifact)   # the default platforms, cpu and cuda
+    loaded_fn, _ = jaxport.load(artifact)
+  steps, states, first_loss = {}, {}, {}
   compile_s = 0.0
-  for system, options in (("jax.jit", None), ("jax.jit + conv options", xla_options.CONV_NET_CPU_OPTIONS)):
-    step, state = _jax_step(jax_fn, params, options)
+  for system, fn, options in (("jax.jit", jax_fn, None),
+                              ("jax.jit + conv options", jax_fn, xla_options.CONV_NET_CPU_OPTIONS),
+                              ("artifact jax.jit", loaded_fn, None)):
+    step, state = _jax_step(fn, params, options)
     start = time.perf_counter()
     steps[system] = step.lower(state, x_device, y_device).compile()
     if options is None:
       compile_s = time.perf_counter() - start
     states[system], loss = steps[system](state, x_device, y_device)
-    first_loss = float(loss) if first_loss is None else first_loss
+    first_loss[system] = float(loss)
 
   tf_x, tf_y = tf.constant(x), tf.constant(y)
   graph, xla = _tf_step(model, False), _tf_step(model, True)
@@ -124,9 +132,11 @@ def measure_train(name: str, batch: int, repeats: int) -> TrainRow:
       return time.perf_counter() - start
     return run
 
-  run_s = interleaved({"jax.jit": jax_runner("jax.jit"), "jax.jit + conv options": jax_runner("jax.jit + conv options"),
-                       "TF graph": tf_runner(graph), "TF XLA": tf_runner(xla)}, repeats)
-  return TrainRow(name, batch, run_s, compile_s, tf_xla_first_s, abs(first_loss - tf_loss) / max(abs(tf_loss), 1e-30))
+  runners = {system: jax_runner(system) for system in steps}
+  run_s = interleaved({**runners, "TF graph": tf_runner(graph), "TF XLA": tf_runner(xla)}, repeats)
+  rel = lambda a, b: abs(a - b) / max(abs(b), 1e-30)
+  return TrainRow(name, batch, run_s, compile_s, tf_xla_first_s, rel(first_loss["jax.jit"], tf_loss),
+                  rel(first_loss["artifact jax.jit"], first_loss["jax.jit"]))
 
 
 def train_step_rows(console, names: list[str], batch: int, repeats: int) -> list[TrainRow]:
@@ -141,13 +151,14 @@ def train_step_rows(console, names: list[str], batch: int, repeats: int) -> list
         console.print(f"[red]train step {name} failed: {type(e).__name__}: {str(e)[:400]}")
   table = Table(title=f"Training step (grad + Adam), batch {batch}, CPU, interleaved medians of {repeats}: the "
                       "user's own jax.jit vs TF's GradientTape step")
-  for col in ["model", *[f"{s} ms" for s in SYSTEMS], "jax.jit /TF graph", "jax.jit /TF XLA",
-              "compile s", "TF XLA first step s", "first loss rel err"]:
+  for col in ["model", *[f"{s} ms" for s in SYSTEMS], "jax.jit /TF graph", "artifact /TF graph", "jax.jit /TF XLA",
+              "compile s", "TF XLA first step s", "first loss rel err", "artifact loss rel err"]:
     table.add_column(col, justify="left" if col == "model" else "right")
   for r in rows:
     table.add_row(r.name, *[f"{r.run_s[s] * 1e3:.1f}" for s in SYSTEMS], f"{r.ratio('jax.jit'):.2f}x",
+                  f"{r.ratio('artifact jax.jit'):.2f}x",
                   f"{r.ratio('jax.jit', 'TF XLA'):.2f}x", f"{r.compile_s:.1f}", f"{r.tf_xla_first_s:.1f}",
-                  f"{r.loss_rel_err:.1e}")
+                  f"{r.loss_rel_err:.1e}", f"{r.artifact_loss_rel_err:.1e}")
   console.print(table)
   misses = [r.name for r in rows if not r.ratio("jax.jit") <= 1.0]
   console.print(f"[{'red' if misses else 'green'}]{'MISS' if misses else 'PASS'}[/] the user's jax.jit training "
