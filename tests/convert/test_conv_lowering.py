@@ -194,6 +194,13 @@ def test_filter_gradient_is_dots_not_a_conv_on_cpu():
   assert _lowered_grad(x, w, kw, (0, 1)).count("stablehlo.convolution") == 2
 
 
+def test_large_window_keeps_xla_filter_gradient():
+  # Past 7x7 the taps are not measured to pay and their trace grows with the window: XLA's conv.
+  x, w = normal(1, 12, 12, 2), normal(9, 9, 2, 3, seed=1)
+  only_w = _lowered_grad(x, w, dict(strides=[1, 1, 1, 1], padding="SAME"), 1)
+  assert only_w.count("stablehlo.convolution") == 2 and only_w.count("stablehlo.dot_general") == 0
+
+
 def test_pointwise_kernel_gradient_contracts_one_dim():
   # A 1x1 conv is one GEMM over rows: its kernel's gradient contracts one dim, so XLA:CPU makes no
   # transposing copy of the output gradient (it did to contract N, H and W).

@@ -147,6 +147,18 @@ def test_loaded_conv_filter_gradient_is_dots_not_a_conv_on_cpu():
     _close(got, want, 1e-4)
 
 
+def test_gradient_module_conv_keeps_xla_filter_gradient():
+  # A filter-gradient conv read back from a module has the output gradient as its window (16x16 here):
+  # differentiated again, it stays one conv rather than 256 traced taps.
+  f = _conv("NHWC", "HWIO", "NHWC", window_strides=(1, 1), padding="VALID")
+  x, w = _rand(1, 18, 18, 2), _rand(3, 3, 2, 4)
+  wgrad = jax.grad(lambda x, w: jnp.sum(jnp.sin(f(x, w))), 1)
+  g, _ = _interpreted(wgrad, x, w)
+  second = lambda fn: jax.jit(jax.grad(lambda x, w: jnp.sum(fn(x, w) ** 2), 0))
+  assert second(g).lower(x, w).as_text().count("stablehlo.dot_general") == 0
+  _close(second(g)(x, w), second(wgrad)(x, w), 1e-4)
+
+
 def test_gradient_modules_interpret_directly():
   f = _conv("NHWC", "HWIO", "NHWC", window_strides=(2, 2), padding="SAME", feature_group_count=2)
   x, w = _rand(2, 5, 5, 4), _rand(3, 3, 2, 4)

@@ -88,7 +88,7 @@ def _conv(x, w, spec: _ConvSpec):
     # Dense 2-D convs as GEMMs/Winograd on CPU (see conv_lowering), XLA's conv elsewhere (cuDNN).
     return lax.platform_dependent(jnp.asarray(x), jnp.asarray(w), cpu=functools.partial(cpu_lowering, spec=spec),
                                   default=functools.partial(conv_lowering.conv_xla, spec=spec))
-  if groups == 1 and len(spec.spatial) == 2:
+  if groups == 1 and len(spec.spatial) == 2 and conv_lowering.tap_filter_grad_pays(w.shape[:2]):
     return conv_lowering.conv_xla_tap_filter_grad(x, w, spec)
   return conv_lowering.conv_xla(x, w, spec, groups)
 

@@ -127,7 +127,8 @@ def convolution(ctx, lhs, rhs):
       rhs_dilation=rhs_dilation, dimension_numbers=dnums, feature_group_count=groups,
       batch_group_count=batch_groups, precision=_precision(ctx), preferred_element_type=preferred)
   if (spatial == 2 and groups == 1 and batch_groups == 1 and lhs_dilation == ones and preferred is None
-      and jnp.issubdtype(lhs.dtype, jnp.floating) and lhs.dtype == rhs.dtype):
+      and jnp.issubdtype(lhs.dtype, jnp.floating) and lhs.dtype == rhs.dtype
+      and conv_lowering.tap_filter_grad_pays([rhs.shape[d] for d in dn["kernel_spatial_dimensions"]])):
     # A forward 2-D conv (as converted TF convs export): its filter gradient by one GEMM per tap on
     # CPU, as the converter's own rule differentiates it.
     taps = functools.partial(conv_lowering.conv_general_shifted_gemm, window_strides=strides, padding=padding,
