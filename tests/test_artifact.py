@@ -163,8 +163,8 @@ def test_lstm_round_trip(tmp_path):
     "BUG: jax.export lowers stop_gradient to nothing, so a loaded artifact differentiates through "
     "tf.stop_gradient (x * stop_gradient(x): 2x, not x). Keras 3's BatchNormalization stops the mean in its "
     "variance (a near-zero term there); a straight-through estimator (VQ-VAE) or a target network's loss gets "
-    "wrong gradients. Fix: a marker that survives export (e.g. a named lax.composite after the stop_gradient) "
-    "that the interpreter runs as stop_gradient"))
+    "wrong gradients. Fix: a marker that survives export and that the interpreter runs as stop_gradient; it "
+    "must batch, so not a lax.composite (no batching rule in JAX 0.10)"))
 def test_stop_gradient_survives_export(tmp_path):
   f = tf.function(lambda x: x * tf.stop_gradient(x))
   x = np.array([1.0, 2.0, 3.0], np.float32)
