@@ -60,9 +60,12 @@ def _padded_nhwc(x: Array, w: Array, spec) -> tuple[Array, list[int]]:
   window = w.shape[:2]
   pads = spec.pads(x.shape[1:3], window)
   x = jnp.pad(x, [(0, 0), *pads, (0, 0)])
-  out = [(n - (k - 1) * d - 1) // s + 1
-         for n, k, d, s in zip(x.shape[1:3], window, spec.dilations, spec.strides)]
-  return x, out
+  return x, _out_sizes(x.shape[1:3], window, spec.strides, spec.dilations)
+
+
+def _out_sizes(padded_spatial, window, strides, dilations) -> list[int]:
+  """A VALID conv's output spatial sizes over an already padded input."""
+  return [(n - (k - 1) * d - 1) // s + 1 for n, k, d, s in zip(padded_spatial, window, dilations, strides)]
 
 
 def _tap_slices(x: Array, window, out_sizes, strides, dilations):
@@ -76,7 +79,7 @@ def _tap_slices(x: Array, window, out_sizes, strides, dilations):
 def _sum_of_tap_gemms(x: Array, w: Array, strides, dilations) -> Array:
   """The conv of a padded [N, *spatial, C] input with a [*window, C, O] filter, as one GEMM per tap."""
   window = w.shape[:-2]
-  out_sizes = [(n - (k - 1) * d - 1) // s + 1 for n, k, d, s in zip(x.shape[1:-1], window, dilations, strides)]
+  out_sizes = _out_sizes(x.shape[1:-1], window, strides, dilations)
   out = None
   for tap, patch in _tap_slices(x, window, out_sizes, strides, dilations):
     term = matmul_rows(patch, w[tap])

@@ -207,8 +207,9 @@ def tensor_list_scatter_into_existing(ctx, lst, tensor, indices):
     static_value(indices, "indices", ctx)   # raises DynamicShapeError naming the node
   if lst.items is None:
     lst = TensorList(None, lst.dtype, tuple(tensor.shape[1:]), lst.size)
-  if idx is not None and idx.size and int(np.max(idx)) >= lst.size:
-    lst = _resized(lst, int(np.max(idx)) + 1, tuple(tensor.shape[1:]))
+  needed = int(np.max(idx)) + 1 if idx is not None and idx.size else 0
+  if needed > lst.size:
+    lst = _resized(lst, needed, tuple(tensor.shape[1:]))
   return lst.with_items(lst.dense().at[jnp.asarray(indices)].set(jnp.asarray(tensor, lst.dtype)))
 
 
