@@ -28,6 +28,7 @@ import numpy as np
 from jaxport.artifact import _manifest as mf
 from jaxport.artifact._params import param_dtype, write_params
 from jaxport.artifact._structure import Structure, encode
+from jaxport.convert import export_marks
 from jaxport.errors import ArtifactError, BatchFallbackWarning, DynamicShapeError, JaxportError, ShapeMismatchError
 
 CALLING_CONVENTION = ("flat inputs: params (in `params` order), the array leaves of (args, kwargs) (in "
@@ -250,7 +251,8 @@ def _lower(jax_fn, params, example_args, example_kwargs, platforms, symbolic: st
   try:
     # One trace of the converted function: its jaxpr says which params it updates, and jax.export lowers
     # the jaxpr (replayed, much cheaper than tracing the conversion again) without the others.
-    closed = jax.make_jaxpr(flat_fn)(*specs)
+    with export_marks.exporting():   # stop_gradient and TF-gradient rules kept as named calls
+      closed = jax.make_jaxpr(flat_fn)(*specs)
     state_keys, kept = _updated_params(closed, keys, recorded["n_out"])
     replay = jax.extend.core.jaxpr_as_fun(closed)
 

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxport.convert import _jax_compat
+from jaxport.convert import _jax_compat, export_marks
 from jaxport.convert.graph import GraphFunction, Library, Node, decode_nodes, dependency_order
 from jaxport.convert.interpreter import Runtime, VariableRef, run_function
 from jaxport.convert.ops._util import is_concrete
@@ -293,7 +293,7 @@ def _ref(tensor) -> tuple[str, int]:
   return tensor.op.name, tensor.value_index
 
 
-def _is_float(x) -> bool:
+def is_float(x) -> bool:
   dtype = np.dtype(x.dtype)
   return bool(np.issubdtype(dtype, np.inexact)) or dtype.name == "bfloat16"
 
@@ -423,8 +423,8 @@ def differentiable(forward: Callable, backward: Callable, args: list, res: list,
   def boundary_jvp(primals, tangents):
     (values, res), (t_values, _) = primals, tangents
     outs, inner = run(values)
-    diff_in = [j for j, v in enumerate(values) if _is_float(v)]
-    diff_out = [j for j, o in enumerate(outs) if _is_float(o)]
+    diff_in = [j for j, v in enumerate(values) if is_float(v)]
+    diff_out = [j for j, o in enumerate(outs) if is_float(o)]
 
     def tangent_map(r, lin):   # the forward computation's own derivative at `values`
       values, _ = r
@@ -453,4 +453,48 @@ def differentiable(forward: Callable, backward: Callable, args: list, res: list,
       t_outs[j] = t
     return outs, t_outs
 
-  return boundary([jnp.asarray(args[i]) for i in traced], [jnp.asarray(r) for r in res])
+  values, res = [jnp.asarray(args[i]) for i in traced], [jnp.asarray(r) for r in res]
+  if export_marks.active(*values, *res):
+    exported = _exportable(boundary, run, backward, values, res, traced)
+    if exported is not None:
+      return exported
+  return boundary(values, res)
+
+
+def _exportable(boundary, run, backward, values: list, res: list, positions: list[int]) -> list | None:
+  """`boundary(values, res)` as `jax.export` keeps it: the forward and the recorded gradient as named
+  functions the interpreter reads back (`export_marks.CUSTOM_GRADIENT`). `values[j]` is argument
+  `positions[j]` of `backward`'s gradients. None (the plain boundary, whose loaded artifact differentiates
+  the forward ops) where the gradient function cannot be traced alone."""
+  outs, inner = jax.eval_shape(run, values)
+  diff_in = [j for j, v in enumerate(values) if is_float(v)]
+
+  def recorded_gradient(*flat):   # residuals, inner residuals, one cotangent per output
+    grads = backward(list(flat[:len(res) + len(inner)]), list(flat[len(res) + len(inner):]))
+    return tuple(jnp.zeros(values[j].shape, values[j].dtype) if grads[positions[j]] is None
+                 else jnp.asarray(grads[positions[j]], values[j].dtype) for j in diff_in)
+
+  zeros = [jnp.zeros(o.shape, o.dtype) for o in (*inner, *outs)]
+  try:
+    jax.eval_shape(recorded_gradient, *res, *zeros)
+  except Exception as e:   # pylint: disable=broad-except - the export still runs, without the gradient
+    warnings.warn(f"a @tf.custom_gradient's gradient function cannot run alone ({type(e).__name__}: {e}); the "
+                  "exported artifact differentiates its forward ops instead.", stacklevel=2)
+    return None
+
+  def kept(inputs, outputs):   # through an optimization barrier, jit neither prunes nor forwards them
+    return jax.lax.optimization_barrier((tuple(inputs), tuple(outputs)))[1]
+  forward_call = export_marks.named_jit(export_marks.CUSTOM_GRADIENT_FORWARD,
+                                       lambda *v: kept(v, sum(run(list(v)), [])))
+  gradient_call = export_marks.named_jit(export_marks.CUSTOM_GRADIENT_BACKWARD,
+                                        lambda *flat: kept(flat, recorded_gradient(*flat)))
+
+  def marked(*flat):
+    v, r = list(flat[:len(values)]), list(flat[len(values):])
+    results = boundary(v, r)
+    forward = forward_call(*v)
+    probe = gradient_call(*r, *forward[len(outs):], *[jnp.zeros(o.shape, o.dtype) for o in outs])
+    return kept((forward, probe), results)   # the gradient function stays in the module
+
+  name = export_marks.custom_gradient_name(len(values), len(res), len(outs), len(inner))
+  return list(kept((), export_marks.named_jit(name, marked)(*values, *res)))   # every output kept

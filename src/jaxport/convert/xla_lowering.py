@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import jax
 
+from jaxport.convert import export_marks
 from jaxport.convert import tf_node
 from jaxport.errors import TierError
 
@@ -98,7 +99,7 @@ def _differentiable_call(ctx: OpContext, fn: tf_node.NodeFunction, module, rng) 
     return forward
   kind = fn.gradient_kind()
   if kind == "zero":   # TF declares the op non-differentiable
-    return lambda *args: forward(*[jax.lax.stop_gradient(a) for a in args])
+    return lambda *args: forward(*[export_marks.stop_gradient(a) for a in args])
 
   def backward(args, dys):
     if kind == "none":

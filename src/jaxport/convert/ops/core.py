@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from jaxport.convert import export_marks
 from jaxport.convert import custom_gradient
 from jaxport.convert.ops._util import is_concrete
 from jaxport.convert.registry import register
@@ -111,7 +112,7 @@ def placeholder_with_default(ctx, default):
 
 @register("StopGradient", structural=True)
 def stop_gradient(ctx, x):
-  return jax.lax.stop_gradient(x)
+  return x if is_concrete(x) else export_marks.stop_gradient(x)   # a constant (a shape) stays static
 
 
 @register("PreventGradient", structural=True)

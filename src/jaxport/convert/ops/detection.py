@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxport.convert import export_marks
 from jaxport.convert.ops._util import divide_as_written, rounded_product, static_ints, static_value
 from jaxport.convert.registry import register
 from jaxport.errors import DynamicShapeError, InvalidNodeError
@@ -55,7 +56,7 @@ def _suppress(similarity, scores, max_output: int, iou_threshold, score_threshol
   """TF's DoNonMaxSuppressionOp. `similarity(c, selected)` gives candidate c's float32 similarity
   to each of the [max_output] selected boxes. Returns (indices, scores) padded with zeros, and
   the number of valid entries."""
-  scores = lax.stop_gradient(jnp.asarray(scores))
+  scores = export_marks.stop_gradient(jnp.asarray(scores))
   dtype, count = scores.dtype, scores.shape[0]
   iou_threshold = jnp.asarray(iou_threshold).astype(dtype)
   score_threshold = jnp.asarray(score_threshold).astype(dtype)
@@ -124,7 +125,7 @@ def _check_threshold(ctx, value, name: str) -> None:
 
 
 def _box_similarity(boxes):
-  boxes = lax.stop_gradient(jnp.asarray(boxes))
+  boxes = export_marks.stop_gradient(jnp.asarray(boxes))
   return lambda c, selected: _iou(boxes[c], boxes[selected])
 
 
@@ -192,7 +193,7 @@ def non_max_suppression_v5(ctx, boxes, scores, max_output_size, iou_threshold, s
 @register("NonMaxSuppressionWithOverlaps")
 def non_max_suppression_with_overlaps(ctx, overlaps, scores, max_output_size, overlap_threshold,
                                       score_threshold):
-  overlaps = lax.stop_gradient(jnp.asarray(overlaps))
+  overlaps = export_marks.stop_gradient(jnp.asarray(overlaps))
   selected, _, n_valid = _suppress(lambda c, chosen: overlaps[c, chosen].astype(jnp.float32), scores,
                                    _max_output(ctx, max_output_size), overlap_threshold, score_threshold)
   return _unpadded(ctx, [selected], n_valid)[0]
@@ -210,8 +211,8 @@ def combined_non_max_suppression(ctx, boxes, scores, max_output_size_per_class, 
   if total <= 0:
     raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: max_total_size must be > 0, got {total}.")
   _check_threshold(ctx, iou_threshold, "iou_threshold")
-  boxes = lax.stop_gradient(jnp.asarray(boxes, _F32))
-  scores = lax.stop_gradient(jnp.asarray(scores, _F32))
+  boxes = export_marks.stop_gradient(jnp.asarray(boxes, _F32))
+  scores = export_marks.stop_gradient(jnp.asarray(scores, _F32))
   batch, count, q, _ = boxes.shape
   classes = scores.shape[-1]
   if q not in (1, classes):

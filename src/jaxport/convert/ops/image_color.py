@@ -16,8 +16,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
+from jaxport.convert import export_marks
 from jaxport.convert.ops._util import rounded_product
 from jaxport.convert.registry import register
 
@@ -101,7 +101,7 @@ def rgb_to_hsv(ctx, images):
 
 @register("HSVToRGB")
 def hsv_to_rgb(ctx, images):
-  return _hsv_to_rgb(lax.stop_gradient(jnp.asarray(images)))
+  return _hsv_to_rgb(export_marks.stop_gradient(jnp.asarray(images)))
 
 
 @jax.jit

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxport.convert import export_marks
 from jaxport.convert.ops._util import rounded_product, xp
 from jaxport.convert.registry import register
 
@@ -74,7 +75,7 @@ def cholesky(ctx, a):
   a = jnp.asarray(a)
   sym = 0.5 * (a + _adjoint(a))
   # The value of `a` (lower triangle read) with the derivative of its Hermitian part.
-  a = lax.stop_gradient(a) + (sym - lax.stop_gradient(sym))
+  a = export_marks.stop_gradient(a) + (sym - export_marks.stop_gradient(sym))
   n = a.shape[-1]
   if isinstance(n, int) and 0 < n <= _EIGEN_SCALAR_SUMS and jnp.issubdtype(a.dtype, jnp.floating):
     return _eigen_llt_unblocked(a)

@@ -25,6 +25,7 @@ import ml_dtypes
 import numpy as np
 from jax import lax
 
+from jaxport.convert import export_marks
 from jaxport.convert.ops._util import has_symbolic, is_concrete, stage_dims, xp
 from jaxport.convert.ops.core import runtime_check
 from jaxport.convert.registry import register
@@ -148,9 +149,12 @@ def _abs_tf_grad_jvp(primals, tangents):
   return lax.abs(x), t * lax.sign(x)   # TF: gradient sign(x), so 0 at 0
 
 
+_abs_marked = export_marks.marked("abs")(_abs_tf_grad)
+
+
 @_elementwise("Abs")
 def _abs(xp, x):
-  return _abs_tf_grad(x) if xp is jnp and _is_float(x) else xp.abs(x)
+  return _abs_marked(x) if xp is jnp and _is_float(x) else xp.abs(x)
 
 
 @_elementwise("Reciprocal", "Inv")
@@ -190,12 +194,15 @@ def _spence_jvp(primals, tangents):
   return _spence(x), t * jnp.where(one, -jnp.ones_like(x), slope)
 
 
+_spence_marked = export_marks.marked("spence")(_spence)
+
+
 # Special functions: float only, never shape arithmetic.
 for _op, _fn in {
     "Erf": lax.erf, "Erfc": lax.erfc, "Erfinv": lax.erf_inv, "Ndtri": jsp.ndtri,
     "Lgamma": lax.lgamma, "Digamma": lax.digamma, "BesselI0": jsp.i0, "BesselI0e": lax.bessel_i0e,
     "BesselI1": jsp.i1, "BesselI1e": lax.bessel_i1e, "Dawsn": jsp.dawsn, "Expint": jsp.expi,
-    "Spence": _spence, "FresnelSin": lambda x: jsp.fresnel(x)[0],
+    "Spence": _spence_marked, "FresnelSin": lambda x: jsp.fresnel(x)[0],
     "FresnelCos": lambda x: jsp.fresnel(x)[1], "Igamma": lax.igamma, "Igammac": lax.igammac,
     "Zeta": jsp.zeta, "Polygamma": lax.polygamma, "Betainc": lax.betainc,
 }.items():
@@ -221,10 +228,13 @@ def _relu6_tf_grad_jvp(primals, tangents):
   return _relu6_tf_grad(x), jnp.where((x > 0) & (x < 6), t, jnp.zeros_like(t))
 
 
+_relu6_marked = export_marks.marked("relu_six")(_relu6_tf_grad)
+
+
 @_elementwise("Relu6")
 def _relu6(xp, x):
   if xp is jnp and _is_float(x):
-    return _relu6_tf_grad(x)
+    return _relu6_marked(x)
   return xp.minimum(xp.maximum(x, 0), 6).astype(x.dtype)
 
 
@@ -398,6 +408,9 @@ def _pow_tf_grad_jvp(primals, tangents):
   return z, tx * (y * jnp.power(x, y - 1)) + ty * (z * log_x)
 
 
+_pow_marked = export_marks.marked("pow")(_pow_tf_grad)
+
+
 def _int_power(x, y):
   """Integer x ** y over every bit of y, wrapping on overflow like TF (jnp.power reads 6 bits of y)."""
   out = jnp.where(y < 0, 0, 1).astype(x.dtype)   # TF rejects negative exponents
@@ -411,7 +424,7 @@ def _int_power(x, y):
 def _pow(xp, x, y):
   if xp is jnp and jnp.issubdtype(x.dtype, jnp.integer):
     return _int_power(x, y)
-  return _pow_tf_grad(x, y) if xp is jnp and _is_float(x) else xp.power(x, y)
+  return _pow_marked(x, y) if xp is jnp and _is_float(x) else xp.power(x, y)
 
 
 def _tie_to_x(fn, x_wins):
@@ -428,8 +441,8 @@ def _tie_to_x(fn, x_wins):
   return chosen
 
 
-_maximum_tf_grad = _tie_to_x(jnp.maximum, jnp.greater_equal)
-_minimum_tf_grad = _tie_to_x(jnp.minimum, jnp.less_equal)
+_maximum_tf_grad = export_marks.marked("maximum_tie_to_x")(_tie_to_x(jnp.maximum, jnp.greater_equal))
+_minimum_tf_grad = export_marks.marked("minimum_tie_to_x")(_tie_to_x(jnp.minimum, jnp.less_equal))
 
 
 def _maximum(xp, x, y):
@@ -514,10 +527,13 @@ def _mul_no_nan_tf_grad_jvp(primals, tangents):
   return _mul_no_nan_tf_grad(x, y), jnp.where(y == 0, jnp.zeros_like(scaled), scaled) + x * ty
 
 
+_mul_no_nan_marked = export_marks.marked("mul_no_nan")(_mul_no_nan_tf_grad)
+
+
 @_elementwise("MulNoNan")
 def _mul_no_nan(xp, x, y):
   if xp is jnp:
-    return _mul_no_nan_tf_grad(x, y)
+    return _mul_no_nan_marked(x, y)
   product = x * y
   return np.where(y == 0, np.zeros_like(product), product)
 

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxport.convert import export_marks
 from jaxport.convert.ops import conv_lowering, softmax_product
 from jaxport.convert.ops._util import static_ints
 from jaxport.convert.registry import register
@@ -346,7 +347,7 @@ def fused_batch_norm(ctx, x, scale, offset, mean, variance):
   statistics outputs, nor from them into `mean` and `variance`.
   """
   norm = _BatchNorm(ctx, x.ndim)
-  mean, variance = lax.stop_gradient(jnp.asarray(mean)), lax.stop_gradient(jnp.asarray(variance))
+  mean, variance = export_marks.stop_gradient(jnp.asarray(mean)), export_marks.stop_gradient(jnp.asarray(variance))
   y, used_mean, used_var = norm(x, scale, offset, mean, variance)
   if norm.training:
     n = int(np.prod([x.shape[i] for i in norm.axes]))
@@ -357,7 +358,7 @@ def fused_batch_norm(ctx, x, scale, offset, mean, variance):
       out_var = (1.0 - factor) * variance + factor * out_var
   else:
     out_mean, out_var = mean, variance
-  stats = [lax.stop_gradient(s.astype(jnp.float32)) for s in (out_mean, out_var, used_mean, used_var)]
+  stats = [export_marks.stop_gradient(s.astype(jnp.float32)) for s in (out_mean, out_var, used_mean, used_var)]
   return [y.astype(x.dtype), *stats] + ([_EMPTY] if ctx.op == "FusedBatchNormV3" else [])
 
 
@@ -456,10 +457,13 @@ def _softmax_cross_entropy_jvp(primals, tangents):
   return (loss, backprop), (d_loss, d_backprop)
 
 
+_softmax_cross_entropy_marked = export_marks.marked("softmax_cross_entropy")(_softmax_cross_entropy)
+
+
 @register("SoftmaxCrossEntropyWithLogits")
 def softmax_cross_entropy(ctx, features, labels):
   features, labels = jnp.broadcast_arrays(jnp.asarray(features), jnp.asarray(labels))
-  return _softmax_cross_entropy(features, labels)
+  return _softmax_cross_entropy_marked(features, labels)
 
 
 @register("SparseSoftmaxCrossEntropyWithLogits")

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxport.convert import export_marks
 from jaxport.convert.ops._util import is_concrete
 
 
@@ -62,7 +63,7 @@ def unnormalized(factors, dtype):
   """exp(logits - max) (zeroed outside `keep`) and the row sums of exp(logits - max) (kept axis),
   in `dtype`, as jax.nn.softmax computes them."""
   logits, keep = factors
-  shifted = logits - lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+  shifted = logits - export_marks.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
   exps = jnp.exp(shifted)
   sums = jnp.sum(exps, axis=-1, keepdims=True)
   if keep is not None:

@@ -1,5 +1,7 @@
 """StableHLO control flow: while, case, if, func.call, composite, optimization_barrier.
 
+A call to a function `jaxport.export` marked (`export_marks`) runs as the marked rule.
+
 A `while` whose condition is `counter < bound` with the counter stepping by one from a
 constant runs as `lax.fori_loop` with static bounds (a scan, so reverse-mode `grad`
 works); other loops run as `lax.while_loop`. Loop variables that the body returns
@@ -12,9 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxport.convert.stablehlo.elementwise import ELEMENTWISE_OPS, canon, is_const
+from jaxport.convert import export_marks
+from jaxport.convert.stablehlo.elementwise import ELEMENTWISE_OPS, canon, is_const, jax_dtype
 from jaxport.convert.stablehlo.interpreter import handler, handler_for, run_block
 from jaxport.convert.stablehlo.module import Block
+from jaxport.convert.stablehlo.regions import CALLS
 
 
 def _producer(block: Block, value: int):
@@ -117,9 +121,58 @@ def if_(ctx, pred):
   return list(lax.cond(canon(pred), lambda: tuple(on_true()), lambda: tuple(on_false())))
 
 
-@handler("func.call", "stablehlo.call")
+@handler(*CALLS)
 def call(ctx, *args):
-  return ctx.call.call_function(ctx.attr("callee"), args)
+  callee = ctx.attr("callee")
+  rule, counts = export_marks.rule_for(callee), export_marks.custom_gradient_counts(callee)
+  if (rule is None and counts is None) or all(is_const(a) for a in args):
+    return ctx.call.call_function(callee, args)
+  # A call `jaxport.export` marked: its derivative, not its ops'. JAX passes every function the module's
+  # dimension sizes and platform index first (`jax.global_constant` arguments); the rule takes neither.
+  attrs = ctx.call.module.functions[callee].arg_attrs or [{}] * len(args)
+  shared = [a for a, at in zip(args, attrs) if "jax.global_constant" in (at or {})]
+  own = [canon(a) for a, at in zip(args, attrs) if "jax.global_constant" not in (at or {})]
+  if counts is not None:
+    out = _recorded_gradient(ctx, callee, shared, own, counts)
+  else:
+    out = rule(*own)
+  kept = None if out is None else _results_kept(list(out) if isinstance(out, (tuple, list)) else [out],
+                                                ctx.result_types)
+  return kept if kept is not None else ctx.call.call_function(callee, args)
+
+
+def _recorded_gradient(ctx, callee: str, shared: list, own: list, counts) -> list | None:
+  """An exported `@tf.custom_gradient` boundary run as the converted one: the forward function's value
+  and forward-mode derivative, the recorded gradient function's reverse mode."""
+  from jaxport.convert.custom_gradient import differentiable, is_float  # pylint: disable=import-outside-toplevel
+  n_values, n_res, _, n_inner = counts
+  called = [op.attrs.get("callee", "") for op in ctx.call.module.functions[callee].block.ops if op.name in CALLS]
+  forward = next((c for c in called if c.startswith(export_marks.CUSTOM_GRADIENT_FORWARD)), None)
+  gradient = next((c for c in called if c.startswith(export_marks.CUSTOM_GRADIENT_BACKWARD)), None)
+  if forward is None or gradient is None or len(own) != n_values + n_res:
+    return None
+  values, res = own[:n_values], own[n_values:]
+  diff_in = [j for j, v in enumerate(values) if is_float(v)]
+
+  def backward(r, dys):
+    grads = dict(zip(diff_in, ctx.call.call_function(gradient, shared + list(r) + list(dys))))
+    return [grads.get(j) for j in range(n_values)]
+  return differentiable(lambda v: ctx.call.call_function(forward, shared + list(v)), backward, values, res,
+                        n_inner=n_inner)
+
+
+def _results_kept(outs: list, types) -> list | None:
+  """The rule's results the module kept (jit drops unused ones), matched in order by shape and dtype."""
+  kept, i = [], 0
+  for t in types:
+    while i < len(outs) and not (np.ndim(outs[i]) == len(t.shape) and outs[i].dtype == jax_dtype(t)
+                                 and all(d is None or d == n for d, n in zip(t.shape, np.shape(outs[i])))):
+      i += 1
+    if i == len(outs):
+      return None
+    kept.append(outs[i])
+    i += 1
+  return kept
 
 
 @handler("stablehlo.composite")

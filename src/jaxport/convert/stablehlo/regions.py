@@ -24,7 +24,7 @@ from jaxport.convert.stablehlo.elementwise import ELEMENTWISE_OPS, is_const
 from jaxport.convert.stablehlo.module import Block, Module, Op, TensorType
 
 _CONSTANT_SOURCES = {"stablehlo.constant", "stablehlo.iota"}
-_CALLS = ("func.call", "stablehlo.call")
+CALLS = ("func.call", "stablehlo.call")
 # Ops that keep values constant when their operands are: elementwise ones and these layout ops.
 _CONSTANT_PRESERVING = ELEMENTWISE_OPS | {"stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.transpose"}
 
@@ -88,7 +88,7 @@ def _makes_constant(op: Op, constant: set[int]) -> bool:
 def _is_elementwise(op: Op, functions: set[str]) -> bool:
   if op.regions or len(op.results) != 1:
     return False
-  return (op.name in ELEMENTWISE_OPS or (op.name in _CALLS and op.attrs.get("callee") in functions)
+  return (op.name in ELEMENTWISE_OPS or (op.name in CALLS and op.attrs.get("callee") in functions)
           or (op.name == "stablehlo.composite" and op.attrs.get("name") in ELEMENTWISE_OPS))
 
 
@@ -142,7 +142,7 @@ def _worth_wrapping(root: int, ops: list[tuple[int, Op]], types, constant) -> bo
   dtype = types[root].dtype
   if isinstance(dtype, str) or not jnp.issubdtype(dtype, jnp.floating):
     return False
-  return any(op.name in ("stablehlo.select", *_CALLS) and any(v not in constant for v in op.operands[1:])
+  return any(op.name in ("stablehlo.select", *CALLS) and any(v not in constant for v in op.operands[1:])
              for _, op in ops)
 
 

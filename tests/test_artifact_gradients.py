@@ -1,0 +1,130 @@
+"""Loaded artifacts differentiate like the converted function where `jax.export` would lose the rule.
+
+`jax.export` writes values only: `stop_gradient` becomes nothing, a `custom_jvp` rule becomes its primal
+ops and a `@tf.custom_gradient` its forward ops. Each program below has points where that changes the
+derivative (a stopped factor, a ReLU at 0, a Maximum tie, a norm at 0, ...); the loaded artifact must give TF's gradient there under grad, jit, vmap and jvp, exported
+with a fixed and with a symbolic batch.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import jaxport
+from jaxport.convert import export_marks
+
+_X = np.array([[-2.0, 0.0, 1.5, 3.0, 6.0, 7.0], [0.0, 6.0, -0.0, 2.0, 0.5, 1.0]], np.float32)
+_Y = np.array([[-2.0, 0.0, 0.5, 3.0, 0.0, 2.0], [1.0, 6.0, 0.0, 2.0, 0.0, 1.0]], np.float32)
+
+@tf.custom_gradient
+def _clipped_gradient(x):
+  return tf.identity(x), lambda dy: tf.clip_by_value(dy, -0.1, 0.1)
+
+
+@tf.custom_gradient
+def _safe_norm(x):   # its forward ops' derivative at 0 is NaN; the recorded gradient is 0
+  norm = tf.sqrt(tf.reduce_sum(x * x, -1, keepdims=True))
+  return norm, lambda dy: dy * x / tf.maximum(norm, 1e-6)
+
+
+# name: (TF program of x and y, x, y); x and y hold the points where the exported ops' derivative differs.
+PROGRAMS = {
+    "stop_gradient": (lambda x, y: x * tf.stop_gradient(x) + y * tf.stop_gradient(x * y), _X, _Y),
+    "relu": (lambda x, y: tf.nn.relu(x) * y, _X, _Y),
+    "relu6": (lambda x, y: tf.nn.relu6(x) * y, _X, _Y),
+    "abs": (lambda x, y: tf.abs(x) * y, _X, _Y),
+    "maximum_tie": (lambda x, y: tf.maximum(x, y), _X, _Y),
+    "minimum_tie": (lambda x, y: tf.minimum(x, y), _X, _Y),
+    "pow_nonpositive_base": (lambda x, y: tf.pow(x, y), _X, np.abs(_Y) + 1.0),
+    "mul_no_nan": (lambda x, y: tf.math.multiply_no_nan(x, y), _X, _Y),
+    "spence_above_one": (lambda x, y: tf.math.special.spence(x) * y, np.abs(_X) + 0.5, _Y),
+    "custom_gradient_clipped": (lambda x, y: _clipped_gradient(x * y) * 3.0, _X, _Y),
+    "custom_gradient_safe_norm": (lambda x, y: _safe_norm(x * tf.cast(y > 10.0, x.dtype)) * y + _safe_norm(x),
+                                  _X, _Y),
+    "softmax_cross_entropy_unnormalized_labels": (
+        lambda x, y: tf.nn.softmax_cross_entropy_with_logits(labels=tf.abs(y), logits=x)[:, None] * x, _X, _Y),
+}
+
+
+def _tf_gradients(program, x, y, weights):
+  xs, ys = tf.constant(x), tf.constant(y)
+  with tf.GradientTape() as tape:
+    tape.watch([xs, ys])
+    loss = tf.reduce_sum(program(xs, ys) * weights)
+  return [g.numpy() for g in tape.gradient(loss, [xs, ys])]
+
+
+@pytest.fixture(scope="module", params=sorted(PROGRAMS))
+def exported(request, tmp_path_factory):
+  program, x, y = PROGRAMS[request.param]
+  spec = tf.TensorSpec([None, x.shape[1]], tf.float32)
+  jax_fn, params = jaxport.convert(tf.function(program), spec, spec)
+  loaded = {}
+  for polymorphic in (False, True):
+    path = tmp_path_factory.mktemp(request.param) / ("polymorphic" if polymorphic else "fixed")
+    if polymorphic:
+      jaxport.export(jax_fn, params, path=path, platforms=("cpu",), batch_polymorphic=True)
+    else:
+      jaxport.export(jax_fn, params, x, y, path=path, platforms=("cpu",))
+    loaded[polymorphic] = jaxport.load(path)
+  return request.param, program, x, y, jax_fn, params, loaded
+
+
+@pytest.mark.parametrize("polymorphic", [False, True], ids=["fixed_batch", "symbolic_batch"])
+def test_loaded_gradient_is_tfs(exported, polymorphic):
+  name, program, x, y, jax_fn, params, loaded = exported
+  fn, loaded_params = loaded[polymorphic]
+  weights = np.random.RandomState(0).uniform(0.5, 1.5, x.shape).astype(np.float32)
+  expected = _tf_gradients(program, x, y, weights)
+
+  def loss(f, p):
+    return lambda x, y: jnp.sum(f(p, x, y)[0] * weights)
+  converted = jax.grad(loss(jax_fn, params), argnums=(0, 1))(x, y)
+  for got in (jax.grad(loss(fn, loaded_params), argnums=(0, 1))(x, y),
+              jax.jit(jax.grad(loss(fn, loaded_params), argnums=(0, 1)))(x, y)):
+    for g, c, e in zip(got, converted, expected):
+      np.testing.assert_allclose(c, e, rtol=1e-5, atol=1e-6, err_msg=f"{name}: converted vs TF")
+      np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6, err_msg=f"{name}: loaded vs TF")
+
+  # vmap over a new leading axis, and forward mode, against the converted function
+  def batched(f, p):
+    return jax.vmap(jax.grad(lambda x, y: jnp.sum(f(p, x, y)[0] * weights), argnums=(0, 1)))
+  xs, ys = np.stack([x, x[::-1]]), np.stack([y, y[::-1]])
+  for g, c in zip(batched(fn, loaded_params)(xs, ys), batched(jax_fn, params)(xs, ys)):
+    np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-6, err_msg=f"{name}: vmap of grad")
+  tangents = (np.ones_like(x), np.full_like(y, 0.5))
+  _, jvp_loaded = jax.jvp(lambda x, y: fn(loaded_params, x, y)[0], (x, y), tangents)
+  _, jvp_converted = jax.jvp(lambda x, y: jax_fn(params, x, y)[0], (x, y), tangents)
+  np.testing.assert_allclose(jvp_loaded, jvp_converted, rtol=1e-5, atol=1e-6, err_msg=f"{name}: jvp")
+
+
+def test_marks_exist_only_in_the_exported_module(tmp_path):
+  f = tf.function(lambda x: tf.nn.relu(x) * tf.stop_gradient(x))
+  x = _X
+  jax_fn, params = jaxport.convert(f, x)
+  jaxpr = str(jax.make_jaxpr(lambda x: jax_fn(params, x)[0])(x))
+  assert export_marks.PREFIX not in jaxpr   # the converted function runs the rules with no call in the way
+  lowered = jaxport.artifact.lower(jax_fn, params, x, platforms=("cpu",))
+  text = lowered.exported.mlir_module()
+  assert f"@{export_marks.PREFIX}stop_gradient" in text
+
+
+def test_a_stopped_constant_stays_static():
+  """StopGradient of a shape feeds a Reshape: under export it must stay a constant, not a traced call."""
+  f = tf.function(lambda x: tf.reshape(x, tf.stop_gradient(tf.shape(x)[::-1])))
+  x = np.arange(6, dtype=np.float32).reshape(2, 3)
+  jax_fn, params = jaxport.convert(f, x)
+  np.testing.assert_array_equal(jax.jit(jax_fn)(params, x)[0], f(x).numpy())
+  lowered = jaxport.artifact.lower(jax_fn, params, x, platforms=("cpu",))
+  assert export_marks.PREFIX not in lowered.exported.mlir_module()
+
+
+def test_rule_for_names():
+  assert export_marks.rule_for("jaxport_mark__stop_gradient") is not None
+  assert export_marks.rule_for("jaxport_mark__relu_six_3") is export_marks.rule_for("jaxport_mark__relu_six")
+  assert export_marks.rule_for("jaxport_mark__unknown") is None and export_marks.rule_for("main") is None
+  with pytest.raises(ValueError, match="taken"):
+    export_marks.marked("stop_gradient")(lambda x: x)
