@@ -44,9 +44,12 @@ PROGRAMS = {
     "custom_gradient_clipped": (lambda x, y: _clipped_gradient(x * y) * 3.0, _X, _Y),
     "custom_gradient_safe_norm": (lambda x, y: _safe_norm(x * tf.cast(y > 10.0, x.dtype)) * y + _safe_norm(x),
                                   _X, _Y),
+    "rgb_to_hsv": (lambda x, y: tf.reshape(tf.image.rgb_to_hsv(tf.reshape(tf.abs(x) / 7.0, [-1, 2, 3])), [-1, 6]) * y,
+                   _X, _Y),
     "softmax_cross_entropy_unnormalized_labels": (
         lambda x, y: tf.nn.softmax_cross_entropy_with_logits(labels=tf.abs(y), logits=x)[:, None] * x, _X, _Y),
 }
+_REVERSE_ONLY = {"rgb_to_hsv"}
 
 
 def _tf_gradients(program, x, y, weights):
@@ -96,6 +99,11 @@ def test_loaded_gradient_is_tfs(exported, polymorphic):
   for g, c in zip(batched(fn, loaded_params)(xs, ys), batched(jax_fn, params)(xs, ys)):
     np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-6, err_msg=f"{name}: vmap of grad")
   tangents = (np.ones_like(x), np.full_like(y, 0.5))
+  if name in _REVERSE_ONLY:   # a jax.custom_vjp rule: forward mode refuses it, loaded or not
+    for f, p in ((jax_fn, params), (fn, loaded_params)):
+      with pytest.raises(TypeError, match="forward-mode"):
+        jax.jvp(lambda x, y: f(p, x, y)[0], (x, y), tangents)
+    return
   _, jvp_loaded = jax.jvp(lambda x, y: fn(loaded_params, x, y)[0], (x, y), tangents)
   _, jvp_converted = jax.jvp(lambda x, y: jax_fn(params, x, y)[0], (x, y), tangents)
   np.testing.assert_allclose(jvp_loaded, jvp_converted, rtol=1e-5, atol=1e-6, err_msg=f"{name}: jvp")
@@ -128,3 +136,16 @@ def test_rule_for_names():
   assert export_marks.rule_for("jaxport_mark__unknown") is None and export_marks.rule_for("main") is None
   with pytest.raises(ValueError, match="taken"):
     export_marks.marked("stop_gradient")(lambda x: x)
+
+
+def test_prevent_gradient_still_refuses_after_export(tmp_path):
+  f = tf.function(lambda x: tf.raw_ops.PreventGradient(input=x * 2.0, message="no second derivative") + x)
+  x = _X
+  jax_fn, params = jaxport.convert(f, x)
+  with pytest.raises(LookupError, match="no second derivative"):
+    jax.grad(lambda x: jnp.sum(jax_fn(params, x)[0]))(x)
+  jaxport.export(jax_fn, params, x, path=tmp_path / "a", platforms=("cpu",))
+  fn, loaded = jaxport.load(tmp_path / "a")
+  np.testing.assert_array_equal(jax.jit(fn)(loaded, x)[0], f(x).numpy())
+  with pytest.raises(LookupError, match="PreventGradient"):
+    jax.grad(lambda x: jnp.sum(fn(loaded, x)[0]))(x)

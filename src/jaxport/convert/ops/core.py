@@ -122,6 +122,8 @@ def prevent_gradient(ctx, x):
     warnings.warn(f"PreventGradient {ctx.name!r} ({message}) lets gradients through because "
                   "raise_on_prevent_gradient is off.", stacklevel=2)
     return x
+  if export_marks.active(x):   # the artifact keeps the refusal (not the message: a name holds no text)
+    return _prevented_in_artifact(x)
   return _prevented(message)(x)
 
 
@@ -138,3 +140,7 @@ def _prevented(message: str):
 
   fn.defvjp(fwd, bwd)
   return fn
+
+
+_prevented_in_artifact = export_marks.marked("prevent_gradient")(
+    _prevented("a PreventGradient node of the exported function (its message is not in the artifact)"))

@@ -92,11 +92,12 @@ def _rgb_to_hsv_bwd(residuals, grad):
 
 _rgb_to_hsv_with_tf_grad = jax.custom_vjp(_rgb_to_hsv)
 _rgb_to_hsv_with_tf_grad.defvjp(_rgb_to_hsv_fwd, _rgb_to_hsv_bwd)
+_rgb_to_hsv_marked = export_marks.marked("rgb_to_hsv")(_rgb_to_hsv_with_tf_grad)
 
 
 @register("RGBToHSV")
 def rgb_to_hsv(ctx, images):
-  return _rgb_to_hsv_with_tf_grad(jnp.asarray(images))
+  return _rgb_to_hsv_marked(jnp.asarray(images))
 
 
 @register("HSVToRGB")
