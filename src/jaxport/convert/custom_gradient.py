@@ -414,6 +414,16 @@ def differentiable(forward: Callable, backward: Callable, args: list, res: list,
 
   if not traced:
     return run([])[0]
+  values, res = [jnp.asarray(args[i]) for i in traced], [jnp.asarray(r) for r in res]
+  forward_call = None
+  if export_marks.active(*values, *res):   # the forward as a named function, traced once
+    forward_call = export_marks.named_jit(export_marks.CUSTOM_GRADIENT_FORWARD,
+                                         lambda *v: _kept(v, sum(_run(list(v)), [])))
+    _run = run
+
+    def run(values):   # pylint: disable=function-redefined
+      flat = forward_call(*values)
+      return list(flat[:len(flat) - n_inner]), list(flat[len(flat) - n_inner:])
 
   @jax.custom_jvp
   def boundary(values, res):
@@ -453,48 +463,47 @@ def differentiable(forward: Callable, backward: Callable, args: list, res: list,
       t_outs[j] = t
     return outs, t_outs
 
-  values, res = [jnp.asarray(args[i]) for i in traced], [jnp.asarray(r) for r in res]
-  if export_marks.active(*values, *res):
-    exported = _exportable(boundary, run, backward, values, res, traced)
+  if forward_call is not None:
+    exported = _exportable(boundary, forward_call, backward, values, res, traced, n_inner)
     if exported is not None:
       return exported
   return boundary(values, res)
 
 
-def _exportable(boundary, run, backward, values: list, res: list, positions: list[int]) -> list | None:
+def _kept(inputs, outputs) -> tuple:
+  """`outputs` through an optimization barrier with `inputs`: jit neither prunes nor forwards them."""
+  return jax.lax.optimization_barrier((tuple(inputs), tuple(outputs)))[1]
+
+
+def _exportable(boundary, forward_call, backward, values: list, res: list, positions: list[int],
+                n_inner: int) -> list | None:
   """`boundary(values, res)` as `jax.export` keeps it: the forward and the recorded gradient as named
   functions the interpreter reads back (`export_marks.CUSTOM_GRADIENT`). `values[j]` is argument
   `positions[j]` of `backward`'s gradients. None (the plain boundary, whose loaded artifact differentiates
   the forward ops) where the gradient function cannot be traced alone."""
-  outs, inner = jax.eval_shape(run, values)
+  flat = jax.eval_shape(forward_call, *values)   # traced once: every call below reuses it
+  outs, inner = flat[:len(flat) - n_inner], flat[len(flat) - n_inner:]
   diff_in = [j for j, v in enumerate(values) if is_float(v)]
 
   def recorded_gradient(*flat):   # residuals, inner residuals, one cotangent per output
     grads = backward(list(flat[:len(res) + len(inner)]), list(flat[len(res) + len(inner):]))
-    return tuple(jnp.zeros(values[j].shape, values[j].dtype) if grads[positions[j]] is None
-                 else jnp.asarray(grads[positions[j]], values[j].dtype) for j in diff_in)
+    return _kept(flat, [jnp.zeros(values[j].shape, values[j].dtype) if grads[positions[j]] is None
+                        else jnp.asarray(grads[positions[j]], values[j].dtype) for j in diff_in])
 
-  zeros = [jnp.zeros(o.shape, o.dtype) for o in (*inner, *outs)]
+  gradient_call = export_marks.named_jit(export_marks.CUSTOM_GRADIENT_BACKWARD, recorded_gradient)
   try:
-    jax.eval_shape(recorded_gradient, *res, *zeros)
+    jax.eval_shape(gradient_call, *res, *inner, *outs)
   except Exception as e:   # pylint: disable=broad-except - the export still runs, without the gradient
     warnings.warn(f"a @tf.custom_gradient's gradient function cannot run alone ({type(e).__name__}: {e}); the "
                   "exported artifact differentiates its forward ops instead.", stacklevel=2)
     return None
-
-  def kept(inputs, outputs):   # through an optimization barrier, jit neither prunes nor forwards them
-    return jax.lax.optimization_barrier((tuple(inputs), tuple(outputs)))[1]
-  forward_call = export_marks.named_jit(export_marks.CUSTOM_GRADIENT_FORWARD,
-                                       lambda *v: kept(v, sum(run(list(v)), [])))
-  gradient_call = export_marks.named_jit(export_marks.CUSTOM_GRADIENT_BACKWARD,
-                                        lambda *flat: kept(flat, recorded_gradient(*flat)))
 
   def marked(*flat):
     v, r = list(flat[:len(values)]), list(flat[len(values):])
     results = boundary(v, r)
     forward = forward_call(*v)
     probe = gradient_call(*r, *forward[len(outs):], *[jnp.zeros(o.shape, o.dtype) for o in outs])
-    return kept((forward, probe), results)   # the gradient function stays in the module
+    return _kept((forward, probe), results)   # the gradient function stays in the module
 
   name = export_marks.custom_gradient_name(len(values), len(res), len(outs), len(inner))
-  return list(kept((), export_marks.named_jit(name, marked)(*values, *res)))   # every output kept
+  return list(_kept((), export_marks.named_jit(name, marked)(*values, *res)))   # every output kept

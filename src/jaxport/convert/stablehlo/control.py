@@ -145,9 +145,12 @@ def _recorded_gradient(ctx, callee: str, shared: list, own: list, counts) -> lis
   """An exported `@tf.custom_gradient` boundary run as the converted one: the forward function's value
   and forward-mode derivative, the recorded gradient function's reverse mode."""
   from jaxport.convert.custom_gradient import differentiable, is_float  # pylint: disable=import-outside-toplevel
-  n_values, n_res, _, n_inner = counts
-  called = [op.attrs.get("callee", "") for op in ctx.call.module.functions[callee].block.ops if op.name in CALLS]
-  forward = next((c for c in called if c.startswith(export_marks.CUSTOM_GRADIENT_FORWARD)), None)
+  n_values, n_res, n_out, n_inner = counts
+  functions = ctx.call.module.functions
+  called = [op.attrs.get("callee", "") for op in functions[callee].block.ops if op.name in CALLS]
+  # The forward is called twice: by the boundary (jit may prune results no one reads) and whole.
+  forward = next((c for c in called if c.startswith(export_marks.CUSTOM_GRADIENT_FORWARD)
+                  and len(functions[c].result_types) == n_out + n_inner), None)
   gradient = next((c for c in called if c.startswith(export_marks.CUSTOM_GRADIENT_BACKWARD)), None)
   if forward is None or gradient is None or len(own) != n_values + n_res:
     return None
