@@ -149,3 +149,36 @@ def test_prevent_gradient_still_refuses_after_export(tmp_path):
   np.testing.assert_array_equal(jax.jit(fn)(loaded, x)[0], f(x).numpy())
   with pytest.raises(LookupError, match="PreventGradient"):
     jax.grad(lambda x: jnp.sum(fn(loaded, x)[0]))(x)
+
+
+_LOAD_WITHOUT_TF = """
+import sys
+import jax, jax.numpy as jnp, numpy as np
+import jaxport
+fn, params = jaxport.load(sys.argv[1])
+x = np.load(sys.argv[2])
+g = jax.jit(jax.grad(lambda x: jnp.sum(fn(params, x, x)[0])))(x)
+np.save(sys.argv[3], np.asarray(g))
+assert not [m for m in sys.modules if m.partition(".")[0] in ("tensorflow", "tf_keras", "keras")]
+"""
+
+
+def test_marked_artifact_differentiates_without_tensorflow(tmp_path):
+  """The interpreter reads the marks back with TensorFlow blocked (the rules live in TF-free modules)."""
+  import os
+  import subprocess
+  import sys
+  from import_blocker import block_imports
+  program = lambda x, y: (tf.nn.relu6(x) * tf.stop_gradient(y) + _safe_norm(x * 0.0) + tf.maximum(x, y))
+  jax_fn, params = jaxport.convert(tf.function(program), _X, _X)
+  jaxport.export(jax_fn, params, _X, _X, path=tmp_path / "a", platforms=("cpu",))
+  np.save(tmp_path / "x.npy", _X)
+  env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+  env["JAX_PLATFORMS"] = "cpu"
+  result = subprocess.run([sys.executable, "-c", block_imports("tensorflow", "tf_keras", "keras") + _LOAD_WITHOUT_TF,
+                           str(tmp_path / "a"), str(tmp_path / "x.npy"), str(tmp_path / "g.npy")],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  expected = jax.grad(lambda x: jnp.sum(jax_fn(params, x, x)[0]))(_X)
+  np.testing.assert_allclose(np.load(tmp_path / "g.npy"), expected, rtol=1e-6)
+  assert np.all(np.isfinite(expected))

@@ -5,8 +5,9 @@ converted function.
 gradient 2x, not x) and a `custom_jvp` rule becomes its primal ops (Relu6's TF gradient at 0 and 6,
 Maximum's tie; a ReLU needs no mark: the interpreter reads max(x, 0) as one). While `jaxport.export`
 traces, each marked rule runs as a named inner `jax.jit`, which the module keeps as a private function
-`@jaxport_mark__<name>`; the interpreter runs a call to it as the rule itself. Outside an export the
-rule runs as written, with no call in the way.
+`@jaxport_mark__<name>`; the interpreter runs a call to it as the rule itself. A `@tf.custom_gradient`
+boundary (and jax2tf's recorded VJP) is kept the same way, with its gradient function (`CUSTOM_GRADIENT`
+below). Outside an export the rule runs as written, with no call in the way.
 """
 from __future__ import annotations
 
