@@ -408,22 +408,21 @@ def differentiable(forward: Callable, backward: Callable, args: list, res: list,
       out[i] = v
     return out
 
-  def run(values) -> tuple[list, list]:   # (outputs, inner residuals)
-    outs = [jnp.asarray(o) for o in forward(full(values))]
-    return outs[:len(outs) - n_inner], outs[len(outs) - n_inner:]
+  def forward_values(values) -> list:   # outputs, then inner residuals
+    return [jnp.asarray(o) for o in forward(full(values))]
 
   if not traced:
-    return run([])[0]
+    flat = forward_values([])
+    return flat[:len(flat) - n_inner]
   values, res = [jnp.asarray(args[i]) for i in traced], [jnp.asarray(r) for r in res]
-  forward_call = None
-  if export_marks.active(*values, *res):   # the forward as a named function, traced once
-    forward_call = export_marks.named_jit(export_marks.CUSTOM_GRADIENT_FORWARD,
-                                         lambda *v: _kept(v, sum(_run(list(v)), [])))
-    _run = run
+  # Exporting: the forward as a named function, traced once (see _exportable).
+  forward_call = (export_marks.named_jit(export_marks.CUSTOM_GRADIENT_FORWARD,
+                                         lambda *v: _kept(v, forward_values(list(v))))
+                  if export_marks.active(*values, *res) else None)
 
-    def run(values):   # pylint: disable=function-redefined
-      flat = forward_call(*values)
-      return list(flat[:len(flat) - n_inner]), list(flat[len(flat) - n_inner:])
+  def run(values) -> tuple[list, list]:   # (outputs, inner residuals)
+    flat = list(forward_call(*values)) if forward_call is not None else forward_values(values)
+    return flat[:len(flat) - n_inner], flat[len(flat) - n_inner:]
 
   @jax.custom_jvp
   def boundary(values, res):
