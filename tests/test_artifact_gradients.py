@@ -2,8 +2,9 @@
 
 `jax.export` writes values only: `stop_gradient` becomes nothing, a `custom_jvp` rule becomes its primal
 ops and a `@tf.custom_gradient` its forward ops. Each program below has points where that changes the
-derivative (a stopped factor, a ReLU at 0, a Maximum tie, a norm at 0, ...); the loaded artifact must give TF's gradient there under grad, jit, vmap and jvp, exported
-with a fixed and with a symbolic batch.
+derivative (a stopped factor, a ReLU at 0, a Maximum tie, a norm at 0, ...); the loaded artifact must give
+TF's gradient there under grad, jit, vmap and jvp, exported with a fixed batch (for CPU) and with a
+symbolic batch (for CPU and CUDA: every function then also takes the platform index).
 """
 from __future__ import annotations
 
@@ -68,8 +69,8 @@ def exported(request, tmp_path_factory):
   loaded = {}
   for polymorphic in (False, True):
     path = tmp_path_factory.mktemp(request.param) / ("polymorphic" if polymorphic else "fixed")
-    if polymorphic:
-      jaxport.export(jax_fn, params, path=path, platforms=("cpu",), batch_polymorphic=True)
+    if polymorphic:   # both platforms: every function also takes the platform index
+      jaxport.export(jax_fn, params, path=path, platforms=("cpu", "cuda"), batch_polymorphic=True)
     else:
       jaxport.export(jax_fn, params, x, y, path=path, platforms=("cpu",))
     loaded[polymorphic] = jaxport.load(path)
