@@ -113,7 +113,20 @@ def _logical_right_shift(x, y):
 # Exact on constants.
 _register("stablehlo.add", lax.add, np.add)
 _register("stablehlo.subtract", lax.sub, np.subtract)
-_register("stablehlo.multiply", lambda x, y: lax.square(x) if x is y else lax.mul(x, y), np.multiply)
+@jax.custom_jvp
+def _square(x):
+  return lax.mul(x, x)
+
+
+@_square.defjvp
+def _square_jvp(primals, tangents):
+  # One term, rounded as the product rule's x*t + t*x (= 2 * (x*t) exactly, overflowing where it does).
+  (x,), (t,) = primals, tangents
+  xt = lax.mul(x, t)
+  return _square(x), lax.mul(xt, lax.convert_element_type(2, xt.dtype))
+
+
+_register("stablehlo.multiply", lambda x, y: _square(x) if x is y else lax.mul(x, y), np.multiply)
 _register("stablehlo.divide", lax.div, _np_divide)
 _register("stablehlo.remainder", lax.rem, _np_remainder)
 _register("stablehlo.maximum", lambda x, y: _relu_or_max(x, y), np.maximum)
