@@ -86,6 +86,12 @@ def _decoded(data):
   return module
 
 
+def clear_module_cache() -> None:
+  """Forgets every decoded module: the next conversion decodes its modules again, as a new process does."""
+  with _lock:
+    _modules.clear()
+
+
 def load(node) -> LoadedModule:
   """The node's module and calling convention (raises `StableHLOError` when it cannot run)."""
   attrs = node.attrs
