@@ -19,6 +19,7 @@ from jaxport.convert import export_marks
 
 _X = np.array([[-2.0, 0.0, 1.5, 3.0, 6.0, 7.0], [0.0, 6.0, -0.0, 2.0, 0.5, 1.0]], np.float32)
 _Y = np.array([[-2.0, 0.0, 0.5, 3.0, 0.0, 2.0], [1.0, 6.0, 0.0, 2.0, 0.0, 1.0]], np.float32)
+_SEGMENTS = np.array([0, 0, 1, 2, 2, 2], np.int32)   # of the 6 columns
 
 @tf.custom_gradient
 def _clipped_gradient(x):
@@ -49,8 +50,17 @@ PROGRAMS = {
                    _X, _Y),
     "softmax_cross_entropy_unnormalized_labels": (
         lambda x, y: tf.nn.softmax_cross_entropy_with_logits(labels=tf.abs(y), logits=x)[:, None] * x, _X, _Y),
+    # JAX has no derivative for a multiplying scatter with repeated indices; zeros take TF's rule
+    "unsorted_segment_prod": (lambda x, y: tf.transpose(tf.gather(
+        tf.math.unsorted_segment_prod(tf.transpose(x * y), _SEGMENTS, 3), _SEGMENTS)), _X, _Y),
+    "segment_prod": (lambda x, y: tf.transpose(tf.gather(tf.math.segment_prod(tf.transpose(x * y), _SEGMENTS),
+                                                         _SEGMENTS)), _X, _Y),
+    # nearest sampling, whose TF gradient for the boxes is the bilinear one; boxes partly outside the image
+    "crop_and_resize_nearest": (lambda x, y: tf.reshape(tf.image.crop_and_resize(
+        tf.reshape(x, [-1, 2, 3, 1]), y[:, :4] * 0.3, tf.range(tf.shape(x)[0]), [2, 3], method="nearest",
+        extrapolation_value=0.25), [-1, 6]), _X, _Y),
 }
-_REVERSE_ONLY = {"rgb_to_hsv"}
+_REVERSE_ONLY = {"rgb_to_hsv", "crop_and_resize_nearest"}
 
 
 def _tf_gradients(program, x, y, weights):
@@ -135,6 +145,10 @@ def test_rule_for_names():
   assert export_marks.rule_for("jaxport_mark__stop_gradient") is not None
   assert export_marks.rule_for("jaxport_mark__relu_six_3") is export_marks.rule_for("jaxport_mark__relu_six")
   assert export_marks.rule_for("jaxport_mark__unknown") is None and export_marks.rule_for("main") is None
+  static = {"crop_size": [2, 3], "extrapolation_value": -0.25}   # static arguments ride in the name
+  for suffix in ("", "_4"):
+    rule = export_marks.rule_for(export_marks.PREFIX + "crop_nearest" + export_marks._encoded(static) + suffix)
+    assert rule.func is export_marks.rule_for("jaxport_mark__crop_nearest") and rule.keywords == static
   with pytest.raises(ValueError, match="taken"):
     export_marks.marked("stop_gradient")(lambda x: x)
 

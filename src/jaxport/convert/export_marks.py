@@ -7,12 +7,14 @@ Maximum's tie; a ReLU needs no mark: the interpreter reads max(x, 0) as one). Wh
 traces, each marked rule runs as a named inner `jax.jit`, which the module keeps as a private function
 `@jaxport_mark__<name>`; the interpreter runs a call to it as the rule itself. A `@tf.custom_gradient`
 boundary (and jax2tf's recorded VJP) is kept the same way, with its gradient function (`CUSTOM_GRADIENT`
-below). Outside an export the rule runs as written, with no call in the way.
+below). Outside an export the rule runs as written, with no call in the way. A rule with static arguments
+(a crop size, a segment count) carries them in the function's name (`marked(..., static=True)`).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import re
 import threading
 from typing import Callable
@@ -47,21 +49,35 @@ def named_jit(name: str, fn: Callable) -> Callable:
   return jax.jit(named)
 
 
-def marked(name: str) -> Callable[[Callable], Callable]:
-  """Registers `fn(*arrays)` under `name` and returns it marked for export."""
+def marked(name: str, static: bool = False) -> Callable[[Callable], Callable]:
+  """Registers `fn(*arrays)` under `name` and returns it marked for export. With `static`, the rule is
+  `fn(*arrays, **static_args)`: ints, floats, strings and lists of them, written into the function's name."""
   if not re.fullmatch(r"[a-z][a-z0-9_]*[a-z]", name) or name in _RULES:
     raise ValueError(f"mark name {name!r} is taken or is not lower_snake_case ending in a letter")
 
   def mark(fn: Callable) -> Callable:
     _RULES[name] = fn
-    as_call = named_jit(PREFIX + name, fn)
+    calls: dict[str, Callable] = {}
 
     @functools.wraps(fn)
-    def rule(*args):
+    def rule(*args, **static_args):
       # Constants stay constants (a stop_gradient of a shape must stay static); they have no derivative.
-      return as_call(*args) if active(*args) else fn(*args)
+      if not active(*args):
+        return fn(*args, **static_args)
+      key = _encoded(static_args) if static else ""
+      if key not in calls:
+        calls[key] = named_jit(PREFIX + name + key, functools.partial(fn, **static_args))
+      return calls[key](*args)
     return rule
   return mark
+
+
+_STATIC = "__static_"   # then the static arguments' JSON in hex, then `_x` (JAX may append `_<n>` after it)
+_STATIC_NAME = re.compile(r"(?P<rule>[a-z0-9_]+?)(?:__static_(?P<hex>[0-9a-f]+)_x)?(?:_\d+)?")
+
+
+def _encoded(static_args: dict) -> str:
+  return _STATIC + json.dumps(static_args, sort_keys=True, separators=(",", ":")).encode().hex() + "_x"
 
 
 # A `@tf.custom_gradient` boundary (`custom_gradient.differentiable`) is exported as a call to
@@ -88,11 +104,15 @@ def custom_gradient_counts(function_name: str) -> tuple[int, int, int, int] | No
 
 
 def rule_for(function_name: str) -> Callable | None:
-  """The rule a module's private function stands for (JAX appends `_<n>` per signature), or None."""
+  """The rule a module's private function stands for (with its static arguments bound), or None."""
   if not function_name.startswith(PREFIX):
     return None
   import jaxport.convert.ops  # noqa: F401  pylint: disable=import-outside-toplevel - registers the rules
-  return _RULES.get(re.sub(r"_\d+$", "", function_name[len(PREFIX):]))
+  m = _STATIC_NAME.fullmatch(function_name[len(PREFIX):])
+  fn = _RULES.get(m.group("rule")) if m else None
+  if fn is None or not m.group("hex"):
+    return fn
+  return functools.partial(fn, **json.loads(bytes.fromhex(m.group("hex")).decode()))
 
 
 stop_gradient = marked("stop_gradient")(jax.lax.stop_gradient)

@@ -310,6 +310,12 @@ def _crop_nearest_bwd(crop_size, extrapolation_value, residuals, grads):
 _crop_nearest.defvjp(_crop_nearest_fwd, _crop_nearest_bwd)
 
 
+@export_marks.marked("crop_nearest", static=True)
+def _crop_nearest_marked(image, boxes, box_ind, *, crop_size, extrapolation_value):
+  """`_crop_nearest`, whose TF gradient (bilinear for the boxes) an exported artifact keeps."""
+  return _crop_nearest(image, boxes, box_ind, tuple(crop_size), float(extrapolation_value))
+
+
 def _crop_spec(ctx, box_ind, crop_size, batch: int):
   crop = tuple(static_ints(crop_size, "crop_size", ctx))
   if len(crop) != 2 or min(crop) <= 0:
@@ -330,7 +336,8 @@ def crop_and_resize(ctx, image, boxes, box_ind, crop_size):
   crop, method = _crop_spec(ctx, box_ind, crop_size, image.shape[0])
   extrapolation = float(ctx.attr("extrapolation_value", 0.0))
   if method == "nearest":
-    return _crop_nearest(jnp.asarray(image), jnp.asarray(boxes), jnp.asarray(box_ind), crop, extrapolation)
+    return _crop_nearest_marked(jnp.asarray(image), jnp.asarray(boxes), jnp.asarray(box_ind), crop_size=list(crop),
+                                extrapolation_value=extrapolation)
   return _crop(image, boxes, box_ind, crop, extrapolation, "bilinear")
 
 

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from jaxport.convert import export_marks
 from jaxport.convert.ops._util import is_concrete, xp
 from jaxport.convert.ops.array import _axis, _dtype, _static, _static_int
 from jaxport.convert.ops.core import runtime_check
@@ -168,7 +169,7 @@ def unsorted_segment(ctx, data, segment_ids, num_segments):
     return _segment_reduce(np.asarray(data)[kept], np.asarray(segment_ids)[kept], n, how)
   ids = jnp.where(segment_ids < 0, n, segment_ids)   # out of range: dropped by the scatter
   if how == "mul":
-    return _segment_prod(jnp.asarray(data), ids, n)
+    return segment_prod(jnp.asarray(data), ids, segments=n)
   return _segment_reduce(jnp.asarray(data), ids, n, how)
 
 
@@ -197,3 +198,9 @@ def _segment_prod_jvp(n, primals, tangents):
   partial = jnp.where(zeros == 0, per_entry(out) / jnp.where(is_zero, 1, data),
                       jnp.where((zeros == 1) & is_zero, per_entry(nonzero_product), 0))
   return out, _segment_reduce(partial * tangents[0], ids, n, "add")
+
+
+@export_marks.marked("segment_prod", static=True)
+def segment_prod(data, ids, *, segments: int):
+  """`_segment_prod`, whose derivative an exported artifact keeps (a multiplying scatter has none in JAX)."""
+  return _segment_prod(data, ids, int(segments))

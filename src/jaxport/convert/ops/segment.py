@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxport.convert.ops._util import known_value, static_ints, static_value, xp
-from jaxport.convert.ops.gather_scatter import _scatter, _segment_prod, _segment_reduce
+from jaxport.convert.ops.gather_scatter import _scatter, _segment_reduce, segment_prod
 from jaxport.convert.registry import register
 
 _SORTED_SEGMENT = {"SegmentSum": "add", "SegmentProd": "mul", "SegmentMax": "max", "SegmentMin": "min",
@@ -46,7 +46,7 @@ def sorted_segment(ctx, data, segment_ids):
   m = xp(data)
   counts = np.bincount(ids, minlength=n).reshape((n,) + (1,) * (np.ndim(data) - 1))
   if how == "mul" and m is not np:
-    return _segment_prod(data, ids, n)
+    return segment_prod(data, ids, segments=n)
   out = _segment_reduce(data, ids, n, "add" if how == "mean" else how)
   if how == "mean":
     return _divide_truncating(out, np.maximum(counts, 1).astype(out.dtype))
