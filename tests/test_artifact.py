@@ -99,6 +99,19 @@ def test_keras3_cnn_round_trip(tmp_path):
     np.testing.assert_allclose(jax.jit(fn)(loaded, x)[0], model(x).numpy(), atol=1e-5)
 
 
+@pytest.mark.parametrize("bounds", [lambda b: (b,), lambda b: (1, b + 1, 2), lambda b: (b, -1, -1),
+                                    lambda b: (2 * b, 0, -3)], ids=["to_b", "odd_steps", "down", "down_by_3"])
+def test_a_range_over_the_batch_stays_symbolic(tmp_path, bounds):
+  """`tf.range` of the batch size (box indices, per-example positions) in a batch-polymorphic export."""
+  f = tf.function(lambda x: tf.cast(tf.range(*bounds(tf.shape(x)[0])), tf.float32)[:, None] * tf.reduce_sum(x))
+  jax_fn, params = jaxport.convert(f, tf.TensorSpec([None, 2], tf.float32))
+  jaxport.export(jax_fn, params, path=tmp_path / "poly", batch_polymorphic=True)
+  fn, loaded = jaxport.load(tmp_path / "poly")
+  for batch in (1, 4, 7):
+    x = _normal(batch, 2)
+    np.testing.assert_allclose(jax.jit(fn)(loaded, x)[0], f(x).numpy(), rtol=1e-6)
+
+
 def _batch_sized_function():
   """A function whose shapes need the batch size as a number: a size computed in floats from it."""
   @tf.function

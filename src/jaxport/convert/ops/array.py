@@ -30,9 +30,10 @@ import numpy as np
 from jax import lax
 
 from jaxport.convert.ops import softmax_product
-from jaxport.convert.ops._util import (cast, is_concrete, is_symbolic, known_value, shape_value, static_ints,
-                                       static_value, xp)
+from jaxport.convert.ops._util import (cast, has_symbolic, is_concrete, is_symbolic, known_value, shape_value,
+                                       static_ints, static_value, xp)
 from jaxport.convert.registry import register
+from jaxport.errors import DynamicShapeError
 
 
 def _static(ctx, x, operand: str) -> list[int]:
@@ -554,6 +555,8 @@ def range_(ctx, start, limit, delta):
   if (offset is not None and offset[0] is limit and offset[1] is start and is_concrete(delta)
       and np.issubdtype(dtype, np.integer)):
     return _range_from(ctx, start, offset[2], delta, dtype)
+  if any(has_symbolic(v) for v in (start, limit, delta)):
+    return _symbolic_range(ctx, start, limit, delta, dtype)
   m = xp(start, limit, delta)   # jax Arrays (a result over max_constant_bytes): a staged iota
   start, limit, delta = (np.asarray(_static_scalar(ctx, v, n), dtype=dtype)[()]
                          for v, n in ((start, "start"), (limit, "limit"), (delta, "delta")))
@@ -565,6 +568,24 @@ def range_(ctx, start, limit, delta):
     return m.arange(start, limit, delta, dtype=_dtype(m, dtype))
   n = int(np.ceil(np.abs((limit - start) / delta)))
   return start + m.arange(n).astype(_dtype(m, dtype)) * delta
+
+
+def _symbolic_range(ctx, start, limit, delta, dtype):
+  """Range whose start or limit is a symbolic dim (`tf.range(tf.shape(x)[0])` in a batch-polymorphic
+  export): an iota of the symbolic length. TF refuses bounds the step cannot reach; a symbolic bound is
+  assumed to be reachable."""
+  start, limit, delta = (np.asarray(v).reshape(()).item() if is_concrete(v) else None for v in (start, limit, delta))
+  if start is None or limit is None or delta is None or is_symbolic(delta) or not np.issubdtype(dtype, np.integer):
+    raise DynamicShapeError(f"Range node {ctx.name!r}: a symbolic bound needs the other bound and the step known "
+                            "now and an integer type. Export with a fixed batch (batch_polymorphic=False) instead.")
+  delta = int(delta)
+  if delta == 0:
+    raise ValueError(f"Range node {ctx.name!r}: delta must not be 0")
+  span = limit - start if delta > 0 else start - limit
+  length = (span + abs(delta) - 1) // abs(delta)
+  values = lax.iota(dtype, length)
+  values = values if delta == 1 else values * np.asarray(delta, dtype)
+  return values if not is_symbolic(start) and int(start) == 0 else jnp.asarray(start, dtype) + values
 
 
 def _range_from(ctx, start, length, delta, dtype):
