@@ -190,9 +190,16 @@ def composite(ctx, *args):
 
 @handler("stablehlo.optimization_barrier")
 def optimization_barrier(ctx, *args):
-  if all(is_const(a) for a in args):
-    return list(args)
-  return list(lax.optimization_barrier(tuple(canon(a) for a in args)))
+  """Integer and boolean constants pass as constants (shapes stay static); float constants go through the
+  barrier too: hiding a constant from XLA is what a barrier on it is for (`x / barrier(c)` must stay a
+  division, not become `x * (1/c)`)."""
+  through = [i for i, a in enumerate(args) if not is_const(a) or np.dtype(a.dtype).kind not in "biu"]
+  out = list(args)
+  if not through:
+    return out
+  for i, v in zip(through, lax.optimization_barrier(tuple(jnp.asarray(canon(args[i])) for i in through))):
+    out[i] = v
+  return out
 
 
 @handler("stablehlo.create_token", "stablehlo.after_all")
