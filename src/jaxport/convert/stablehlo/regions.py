@@ -205,7 +205,13 @@ def _with_forward_derivative(fn, n: int, inexact: list[int]):
     both = _with_forward_derivative(values_and_derivatives, n + len(inexact),
                                     inexact + list(range(n, n + len(inexact))))(x, *consts)
     outs, derivatives = both[:n], dict(zip(inexact, both[n:]))
-    return outs, tuple(derivatives[i] * t.astype(outs[i].dtype) if i in derivatives
+    return outs, tuple(_scaled(derivatives[i], t.astype(outs[i].dtype)) if i in derivatives
                        else np.zeros(np.shape(outs[i]), jax.dtypes.float0) for i in range(n))
 
   return wrapped
+
+
+def _scaled(derivative, t):
+  """`derivative * t`, exactly 0 where the derivative is: a select that took a constant blocks the tangent
+  (and in reverse mode the cotangent) as JAX's select does, even an inf or NaN one (0 * inf would be NaN)."""
+  return jnp.where(derivative == 0, jnp.zeros_like(derivative), derivative * t)
