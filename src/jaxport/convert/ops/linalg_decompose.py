@@ -117,14 +117,22 @@ def self_adjoint_eig_v2(ctx, a):
   return (w, v) if ctx.attr("compute_v", True) else (w, _empty(a.dtype))
 
 
+@export_marks.marked("eig_with_vector_derivatives")
+def _eig_with_vectors(a):
+  """Eigenvalues and right eigenvectors, differentiable like TF's Eig (JAX asks to opt in; an exported
+  artifact keeps the opt-in through the mark)."""
+  return tuple(lax.linalg.eig(a, compute_left_eigenvectors=False, compute_right_eigenvectors=True,
+                              enable_eigvec_derivs=True))
+
+
 @register("Eig")
 def eig(ctx, a):
   """Eigenvalues and right eigenvectors as `Tout` (complex); see the module note on order."""
   a = jnp.asarray(a)
   out_dtype = jax.dtypes.canonicalize_dtype(ctx.attr("Tout", np.result_type(a.dtype, np.complex64)))
   compute_v = ctx.attr("compute_v", True)
-  results = lax.linalg.eig(a, compute_left_eigenvectors=False, compute_right_eigenvectors=compute_v,
-                           enable_eigvec_derivs=compute_v)
+  results = (_eig_with_vectors(a) if compute_v else
+             lax.linalg.eig(a, compute_left_eigenvectors=False, compute_right_eigenvectors=False))
   w = results[0].astype(out_dtype)
   return (w, results[1].astype(out_dtype)) if compute_v else (w, _empty(out_dtype))
 

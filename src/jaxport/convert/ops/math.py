@@ -197,7 +197,9 @@ def _spence_jvp(primals, tangents):
 _spence_marked = export_marks.marked("spence")(_spence)
 
 
-# Special functions: float only, never shape arithmetic.
+# Special functions: float only, never shape arithmetic. Each is marked for export: `jax.export` writes
+# some as loops (expi, igamma, betainc: a while loop that reverse mode cannot differentiate) or as pieces
+# whose ops' derivative is not JAX's rule; the loaded artifact runs the same JAX function instead.
 for _op, _fn in {
     "Erf": lax.erf, "Erfc": lax.erfc, "Erfinv": lax.erf_inv, "Ndtri": jsp.ndtri,
     "Lgamma": lax.lgamma, "Digamma": lax.digamma, "BesselI0": jsp.i0, "BesselI0e": lax.bessel_i0e,
@@ -206,7 +208,7 @@ for _op, _fn in {
     "FresnelCos": lambda x: jsp.fresnel(x)[1], "Igamma": lax.igamma, "Igammac": lax.igammac,
     "Zeta": jsp.zeta, "Polygamma": lax.polygamma, "Betainc": lax.betainc,
 }.items():
-  _jax_elementwise(_op)(_fn)
+  _jax_elementwise(_op)(_fn if _fn is _spence_marked else export_marks.marked(f"{_op.lower()}_special")(_fn))
 
 # --------------------------------------------------------------------------- activations
 
