@@ -112,6 +112,14 @@ def test_a_range_over_the_batch_stays_symbolic(tmp_path, bounds):
     np.testing.assert_allclose(jax.jit(fn)(loaded, x)[0], f(x).numpy(), rtol=1e-6)
 
 
+def test_a_value_dependent_shape_cannot_be_exported(tmp_path):
+  """tf.where(cond) has as many rows as true elements: no static shape, a typed error naming the node."""
+  jax_fn, params = jaxport.convert(tf.function(lambda x: tf.where(x > 0)), _normal(3, 2))
+  with pytest.raises(ArtifactError, match="output size here depends on input values .*Where node 'Where'"):
+    jaxport.export(jax_fn, params, _normal(3, 2), path=tmp_path / "where", platforms=("cpu",))
+  assert not (tmp_path / "where").exists()
+
+
 def _batch_sized_function():
   """A function whose shapes need the batch size as a number: a size computed in floats from it."""
   @tf.function

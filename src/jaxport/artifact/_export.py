@@ -275,6 +275,11 @@ def _lower(jax_fn, params, example_args, example_kwargs, platforms, symbolic: st
                             "per batch size.")
       error.reason = f"{where or 'an op'} needs a concrete size ({_first_line(e)})"
       raise error from e
+    if isinstance(e, DynamicShapeError):   # the advice to call without jax.jit does not apply here
+      raise ArtifactError(f"{name} cannot be exported: an artifact is one traced program with static shapes, and "
+                          f"an output size here depends on input values ({_first_line(e)}). Export a function "
+                          "whose shapes follow from the input shapes (a padded or fixed-size variant of the op), "
+                          "or run the converted function eagerly instead.") from e
     if isinstance(e, JaxportError):
       raise
     raise ArtifactError(f"jax.export cannot lower {name} for {', '.join(platforms)} ({type(e).__name__}: "
