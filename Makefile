@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-full test-fast bench clean
+.PHONY: demo test test-full test-fast audit-artifact bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ test-full: $(STAMP)
 
 test-fast: $(STAMP)
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -n 2
+
+# Every op test through an exported and loaded artifact (tests/oracle.py): the artifact path, op by op.
+audit-artifact: $(STAMP)
+	JAXPORT_ORACLE_VIA_ARTIFACT=1 TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -n 2 tests/convert/test_ops_*.py \
+	  -m "slow or not slow" -rs
 
 bench: $(STAMP)
 	$(PY) benchmarks/convert_bench.py

@@ -5,12 +5,20 @@
   * gradients of a random projection of the outputs w.r.t. float inputs, against
     `tf.GradientTape` (when `grad=True`), under jit unless `jit=False`;
   * `jax.vmap` over a stack of inputs, against TF run per example (when `vmap=True`), under jit.
+
+With `JAXPORT_ORACLE_VIA_ARTIFACT=1` every check runs the converted function after a round trip through
+`jaxport.export` and `jaxport.load` (CPU, the example shapes) instead: an audit of the artifact path for
+every op test (`make audit-artifact`); a function that cannot be exported skips, with the reason.
 """
 from __future__ import annotations
+
+import os
+import tempfile
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import tensorflow as tf
 import tree
 
@@ -56,6 +64,8 @@ def check(fn, *args, atol=1e-5, rtol=1e-5, grad=True, vmap=True, jit=True, grad_
   tf_fn = tf.function(fn)
   expected = tf_fn(*args)
   jax_fn, params = jaxport.convert(fn, *args)
+  if VIA_ARTIFACT:
+    jax_fn, params = _through_artifact(jax_fn, params, args)
   call = lambda *a: jax_fn(params, *a, rng=rng)[0]
   assert_close(call(*args), expected, atol, rtol, "eager")
   if jit:
@@ -66,6 +76,19 @@ def check(fn, *args, atol=1e-5, rtol=1e-5, grad=True, vmap=True, jit=True, grad_
   if vmap:
     _check_vmap(tf_fn, call, args, atol, rtol)
   return jax_fn
+
+
+VIA_ARTIFACT = os.environ.get("JAXPORT_ORACLE_VIA_ARTIFACT") == "1"
+
+
+def _through_artifact(jax_fn, params, args):
+  """The converted function exported and loaded back (see the module docstring)."""
+  path = tempfile.mkdtemp(prefix="oracle_artifact_")
+  try:
+    jaxport.export(jax_fn, params, *args, path=path, platforms=("cpu",))
+  except jaxport.errors.ArtifactError as e:
+    pytest.skip(f"not exportable: {str(e).splitlines()[0][:300]}")
+  return jaxport.load(path)
 
 
 def _projection(expected):
