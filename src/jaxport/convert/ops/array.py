@@ -303,10 +303,11 @@ class _StridedIndex:
           self.static.append(0)
       else:
         if (not begin_static and not begin_mask[i]) or (not end_static and not end_mask[i]):
-          raise ValueError(
-              f"StridedSlice node {ctx.name!r}: the bounds of a range slice depend on the inputs, so its "
-              "size is not static; only single-element indexing (`x[i]`, `x[:, i]`) may use traced "
-              "indices. For a range, use tf.slice with a traced begin and a static size.")
+          error = DynamicShapeError("StridedSlice", ctx.name, "range bounds")
+          error.add_note("The bounds of a range slice decide its size; only single-element indexing (`x[i]`, "
+                         "`x[:, i]`) may use traced indices. For a range, use tf.slice with a traced begin and a "
+                         "static size.")
+          raise error
         self.static.append(slice(None if begin_mask[i] else begin_v[i],
                                  None if end_mask[i] else end_v[i], strides[i]))
 
