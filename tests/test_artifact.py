@@ -112,6 +112,23 @@ def test_a_range_over_the_batch_stays_symbolic(tmp_path, bounds):
     np.testing.assert_allclose(jax.jit(fn)(loaded, x)[0], f(x).numpy(), rtol=1e-6)
 
 
+@pytest.mark.parametrize("draw", [
+    lambda x: tf.random.stateless_normal([3, 4], seed=[1, 2]),
+    lambda x: tf.random.stateless_uniform([3, 4], seed=tf.cast(tf.stack([tf.reduce_sum(x) * 0 + 7, 2]), tf.int32)),
+    lambda x: tf.random.stateless_uniform([3, 4], seed=[3, 4], minval=-5, maxval=9, dtype=tf.int32),
+    lambda x: tf.random.stateless_truncated_normal([3, 4], seed=[5, 6]),
+], ids=["normal", "uniform_traced_seed", "uniform_int", "truncated_normal"])
+def test_stateless_random_is_bit_exact_after_export(tmp_path, draw):
+  """TF's stateless random runs Philox in uint64 (scoped x64 in the converter): the loaded artifact must
+  draw TF's very numbers too, though the caller has x64 off (it drew others when the interpreter narrowed)."""
+  f, x = tf.function(draw), _normal(3, 4)
+  jax_fn, params = jaxport.convert(f, x)
+  jaxport.export(jax_fn, params, x, path=tmp_path / "random", platforms=("cpu",))
+  fn, loaded = jaxport.load(tmp_path / "random")
+  for got in (fn(loaded, x)[0], jax.jit(fn)(loaded, x)[0]):
+    np.testing.assert_array_equal(got, f(x).numpy())
+
+
 def test_a_value_dependent_shape_cannot_be_exported(tmp_path):
   """tf.where(cond) has as many rows as true elements: no static shape, a typed error naming the node."""
   jax_fn, params = jaxport.convert(tf.function(lambda x: tf.where(x > 0)), _normal(3, 2))

@@ -76,7 +76,8 @@ def test_64_bit_bits_with_x64(algorithm):
     _check_exact(f, RBG_KEY[:4])
 
 
-def test_64_bit_bits_without_x64_say_so():
+def test_64_bit_bits_without_x64_are_exact_and_come_back_narrowed():
+  """The op runs in scoped x64 mode; its ui64 result reaches a caller without x64 narrowed, as JAX narrows."""
   module = stablehlo.load_module("""
     func.func @main(%s: tensor<2xui64>) -> tensor<3xui64> {
       %0, %1 = stablehlo.rng_bit_generator %s, algorithm = THREE_FRY
@@ -85,8 +86,13 @@ def test_64_bit_bits_without_x64_say_so():
     }""")
   if jax.config.jax_enable_x64:
     pytest.skip("x64 is on")
-  with pytest.raises(jaxport.StableHLOError, match="jax_enable_x64"):
-    stablehlo.call_module(module, [np.array([1, 2], np.uint64)])
+  state = np.array([1, 2], np.uint64)
+  with jax.enable_x64(True):
+    want = np.asarray(stablehlo.call_module(module, [state])[0])
+  assert want.dtype == np.uint64 and np.any(want >> np.uint64(32))
+  got = stablehlo.call_module(module, [state])[0]
+  assert got.dtype == np.uint32
+  np.testing.assert_array_equal(got, (want & np.uint64(0xFFFFFFFF)).astype(np.uint32))
 
 
 def test_philox_with_a_three_word_state_matches_tensorflow():
@@ -189,3 +195,24 @@ def test_shape_polymorphic_rng_bit_generator():
   assert not stablehlo.unsupported_ops(module), stablehlo.unsupported_ops(module)
   x = np.zeros(5, np.float32)
   _same(jax.jit(lambda k, x: stablehlo.call_module(module, [k, x])[0])(RBG_KEY[:4], x), exp.call(RBG_KEY[:4], x))
+
+
+def test_scoped_x64_arithmetic_stays_64_bit():
+  """JAX without x64 writes uint64/float64 where the code asked for them in `jax.enable_x64` (jaxport's
+  Philox does): the interpreter computes them in 64 bits too; narrowed, the high words were lost."""
+  assert not jax.config.jax_enable_x64
+
+  def f(x):
+    with jax.enable_x64(True):
+      wide = x.astype(jnp.uint64) * jnp.uint64(0xD2511F53)   # a full 64-bit product
+      high = (wide >> jnp.uint64(32)).astype(jnp.uint32)
+      halves = jnp.asarray(x, jnp.float64) / 3.0
+      return high, (halves * 3.0 - x).astype(jnp.float32)
+
+  x = np.array([0xFFFFFFFF, 123456789, 7], np.uint32)
+  g, exp, _ = _interpreted(f, x)
+  want = exp.call(x)
+  assert want[0].dtype == np.uint32 and np.any(np.asarray(want[0]))
+  for got in (g(x), jax.jit(g)(x)):
+    _same(got, want)
+    assert [np.asarray(o).dtype for o in got] == [np.uint32, np.float32]   # the caller's dtypes

@@ -186,7 +186,7 @@ def _interpret(ctx, loaded: LoadedModule, lead: list, args: list) -> list:
                          f"included), but the node gives {len(args)} and {len(lead)} leading ones")
   call = interpreter.Call(loaded.module, None, f"{loaded.module.name} (XlaCallModule node {ctx.name!r})",
                           call_tf_function=_ModuleCall(ctx.runtime, loaded.functions, ctx.name).call_tf_function)
-  outs = call.call_function("main", operands)
+  outs = interpreter.narrowed(call.call_function("main", operands))
   return [o for o, t in zip(outs, main.result_types) if t.dtype != TOKEN]
 
 

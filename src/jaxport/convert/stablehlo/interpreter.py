@@ -5,11 +5,19 @@ modules beside this one, and called as `fn(ctx, *operands)`; they return one val
 or a list with one entry per result. Operands that are NumPy arrays are trace-time
 constants: handlers keep them NumPy where they can, so shapes and trip counts stay
 static under `jit`. Regions see the values of the regions around them.
+
+64-bit values are computed in 64 bits whatever the caller's `jax_enable_x64`: an op with a 64-bit result
+type or a 64-bit traced operand runs in JAX's scoped x64 mode. A module that JAX exported without x64
+holds such types only where its code asked for them in a scope (jaxport's Philox runs in uint64, TF's
+stateless random in ui64 states); narrowing them to 32 bits changed the numbers. A module's results come
+back in the caller's dtypes (`narrowed`).
 """
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Sequence
 
+import jax
 import numpy as np
 
 from jaxport import config
@@ -149,7 +157,15 @@ def _run_op(op: Op, env: Env, call: Call) -> None:
     from jaxport.convert.stablehlo.elementwise import staged
     operands = [staged(x) for x in operands]   # computed by XLA where it runs, not folded into a constant
   try:
-    out = fn(OpContext(op, call, env), *operands)
+    if _is_wide(op, operands):
+      outer, _scope.active = getattr(_scope, "active", False), True
+      try:
+        with jax.enable_x64(True):
+          out = fn(OpContext(op, call, env), *operands)
+      finally:
+        _scope.active = outer
+    else:
+      out = fn(OpContext(op, call, env), *operands)
   except StableHLOError:
     raise
   except Exception as e:
@@ -164,6 +180,40 @@ def _run_op(op: Op, env: Env, call: Call) -> None:
     raise StableHLOError(f"{op.name} handler gave {len(out)} results, expected {len(op.results)}")
   for vid, value, rtype in zip(op.results, out, op.result_types):
     env.values[vid] = _as_result(value, rtype)
+
+
+_scope = threading.local()   # .active: a 64-bit op's handler runs, in scoped x64 mode
+
+
+def caller_x64() -> bool:
+  """The caller's `jax_enable_x64`, also while a 64-bit op runs in scoped x64 mode."""
+  return bool(jax.config.jax_enable_x64) and not getattr(_scope, "active", False)
+
+
+def _is_wide_dtype(dtype) -> bool:
+  return isinstance(dtype, np.dtype) and dtype.itemsize == 8 and dtype.kind in "iuf" or dtype == np.complex128
+
+
+def _is_wide(op: Op, operands: list) -> bool:
+  """Whether `op` must run in scoped x64 mode: x64 is off and it makes or reads 64-bit arrays."""
+  if jax.config.jax_enable_x64:
+    return False
+  wide = getattr(op, "_jaxport_wide", None)
+  if wide is None:
+    wide = op._jaxport_wide = any(_is_wide_dtype(t.dtype) for t in op.result_types)
+  return wide or any(not isinstance(x, (np.ndarray, np.generic)) and _is_wide_dtype(getattr(x, "dtype", None))
+                     for x in operands)
+
+
+def narrowed(values: list) -> list:
+  """A module's results in the caller's dtypes: 64-bit arrays made in scoped x64 mode narrowed as JAX narrows."""
+  out = []
+  for x in values:
+    dtype = getattr(x, "dtype", None)
+    if not isinstance(x, (np.ndarray, np.generic)) and _is_wide_dtype(dtype) and not jax.config.jax_enable_x64:
+      x = jax.lax.convert_element_type(x, jax.dtypes.canonicalize_dtype(dtype))
+    out.append(x)
+  return out
 
 
 def _too_big(op: Op) -> bool:
@@ -228,7 +278,7 @@ def call_module(module: Module, args: Sequence[Any], rng=None, name: str = "") -
   if len(args) != len(main.block.args):
     raise StableHLOError(f"StableHLO module {module.name!r} takes {len(main.block.args)} arguments, "
                          f"got {len(args)}")
-  return Call(module, rng, name).call_function("main", args)
+  return narrowed(Call(module, rng, name).call_function("main", args))
 
 
 _loaded = False

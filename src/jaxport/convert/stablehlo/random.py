@@ -8,9 +8,9 @@ three-word state (TF's stateless Philox: key, 128-bit counter) is beyond
 bit for bit what XLA's CPU and GPU compilers expand it to. DEFAULT is Philox there
 (TPUs have another default: their bits differ).
 
-64-bit values need `jax_enable_x64`. Without it, a `ui64` state is accepted where it
-reaches this op exactly: as a NumPy constant, or as the `(n, 2)` ui32 word pairs that
-a `bitcast_convert` from ui32 leaves when JAX narrows ui64 (jax's rbg keys do this).
+The op runs in scoped x64 mode (its state is ui64; see the interpreter), so its 64-bit values are
+exact without `jax_enable_x64`. A caller without x64 may also pass a state as the `(n, 2)` ui32 word
+pairs that JAX leaves where it narrows ui64 (jax's rbg keys do this); it gets pairs back.
 
 `stablehlo.rng` (TF's keyless RandomUniform / RandomStandardNormal under XLA) takes
 fresh keys from the call's rng (`ctx.call.next_rng()`) and draws with
@@ -27,7 +27,7 @@ from jax import lax
 
 from jaxport.convert.stablehlo.custom_call import target
 from jaxport.convert.stablehlo.elementwise import canon, is_const
-from jaxport.convert.stablehlo.interpreter import handler
+from jaxport.convert.stablehlo.interpreter import caller_x64, handler
 from jaxport.convert.stablehlo.shape import static_shape
 from jaxport.errors import StableHLOError
 
@@ -108,7 +108,7 @@ def _generate(ctx, state, algorithm, shape, dtype, state_type):
                          "state is not supported (XLA takes ui64[2], or ui64[3] for PHILOX)")
   if unsigned != dtype:
     out = out.view(dtype) if is_const(out) else lax.bitcast_convert_type(out, dtype)
-  return [_state_value(new_words, as_u64 or _x64()), out]
+  return [_state_value(new_words, as_u64 or caller_x64()), out]
 
 
 # --------------------------------------------------------------------------- Philox-4x32-10
