@@ -23,6 +23,8 @@ import tree
 import jaxport
 from jaxport.errors import DynamicShapeError
 
+import oracle
+
 RTOL = 1e-5
 TIMINGS: dict[str, dict] = {}
 
@@ -86,6 +88,8 @@ def check_program(name: str, library: str, fn, *args, grad=True, exact=False, rt
   jax_fn, convert_s = _timed(lambda: jaxport.convert(tf_fn, *args))
   jax_fn, params = jax_fn
   tf_vars = jax_fn.tf_variables
+  if oracle.VIA_ARTIFACT:
+    jax_fn, params = oracle.through_artifact(jax_fn, params, args)
   before = {k: v.numpy() for k, v in tf_vars.items()}
   expected = tree.map_structure(_np, tf_fn(*args))
   expected_vars = {k: tf_vars[k].numpy() for k in tf_vars}

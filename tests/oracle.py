@@ -8,7 +8,8 @@
 
 With `JAXPORT_ORACLE_VIA_ARTIFACT=1` every check runs the converted function after a round trip through
 `jaxport.export` and `jaxport.load` (CPU, the example shapes) instead: an audit of the artifact path for
-every op test (`make audit-artifact`); a function that cannot be exported skips, with the reason.
+every op test, and for the library corpora's `library_corpus.check_program` (`make audit-artifact`); a
+function that cannot be exported skips, with the reason.
 """
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def check(fn, *args, atol=1e-5, rtol=1e-5, grad=True, vmap=True, jit=True, grad_
   expected = tf_fn(*args)
   jax_fn, params = jaxport.convert(fn, *args)
   if VIA_ARTIFACT:
-    jax_fn, params = _through_artifact(jax_fn, params, args)
+    jax_fn, params = through_artifact(jax_fn, params, args)
   call = lambda *a: jax_fn(params, *a, rng=rng)[0]
   assert_close(call(*args), expected, atol, rtol, "eager")
   if jit:
@@ -81,14 +82,27 @@ def check(fn, *args, atol=1e-5, rtol=1e-5, grad=True, vmap=True, jit=True, grad_
 VIA_ARTIFACT = os.environ.get("JAXPORT_ORACLE_VIA_ARTIFACT") == "1"
 
 
-def _through_artifact(jax_fn, params, args):
-  """The converted function exported and loaded back (see the module docstring)."""
+def through_artifact(jax_fn, params, args):
+  """The converted function exported and loaded back (see the module docstring); the loaded function
+  answers the converted one's other attributes (`tf_variables`, `trainable`) for the TF side of a check."""
   path = tempfile.mkdtemp(prefix="oracle_artifact_")
   try:
     jaxport.export(jax_fn, params, *args, path=path, platforms=("cpu",))
   except jaxport.errors.ArtifactError as e:
     pytest.skip(f"not exportable: {str(e).splitlines()[0][:300]}")
-  return jaxport.load(path)
+  loaded, loaded_params = jaxport.load(path)
+  return _LoadedAsConverted(loaded, jax_fn), loaded_params
+
+
+class _LoadedAsConverted:
+  def __init__(self, loaded, converted):
+    self._loaded, self._converted = loaded, converted
+
+  def __call__(self, *args, **kwargs):
+    return self._loaded(*args, **kwargs)
+
+  def __getattr__(self, name):
+    return getattr(self._converted, name)
 
 
 def _projection(expected):
