@@ -45,10 +45,11 @@ test-full: $(STAMP)
 test-fast: $(STAMP)
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -n 2
 
-# Every op test through an exported and loaded artifact (tests/oracle.py): the artifact path, op by op.
+# Every op test and the library corpora through an exported and loaded artifact (tests/oracle.py).
 audit-artifact: $(STAMP)
 	JAXPORT_ORACLE_VIA_ARTIFACT=1 TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -n 2 tests/convert/test_ops_*.py \
-	  -m "slow or not slow" -rs
+	  tests/convert/test_corpus_tfp.py tests/convert/test_corpus_sonnet.py tests/convert/test_corpus_tfrs.py \
+	  tests/convert/test_corpus_tf_agents.py tests/convert/test_corpus_model_garden.py -m "slow or not slow" -rs
 
 bench: $(STAMP)
 	$(PY) benchmarks/convert_bench.py
