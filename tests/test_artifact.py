@@ -137,6 +137,13 @@ def test_a_value_dependent_shape_cannot_be_exported(tmp_path):
   assert not (tmp_path / "where").exists()
 
 
+def test_a_range_stepping_by_the_batch_needs_a_fixed_batch(tmp_path):
+  f = tf.function(lambda x: tf.cast(tf.range(0, 12, tf.shape(x)[0]), tf.float32) * tf.reduce_sum(x))
+  jax_fn, params = jaxport.convert(f, tf.TensorSpec([None, 2], tf.float32))
+  with pytest.raises(ArtifactError, match="symbolic batch dim: .*Range node 'range' needs its `bounds`"):
+    jaxport.export(jax_fn, params, path=tmp_path / "poly", batch_polymorphic=True)
+
+
 def _batch_sized_function():
   """A function whose shapes need the batch size as a number: a size computed in floats from it."""
   @tf.function

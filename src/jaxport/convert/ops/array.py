@@ -577,8 +577,10 @@ def _symbolic_range(ctx, start, limit, delta, dtype):
   assumed to be reachable."""
   start, limit, delta = (np.asarray(v).reshape(()).item() if is_concrete(v) else None for v in (start, limit, delta))
   if start is None or limit is None or delta is None or is_symbolic(delta) or not np.issubdtype(dtype, np.integer):
-    raise DynamicShapeError(f"Range node {ctx.name!r}: a symbolic bound needs the other bound and the step known "
-                            "now and an integer type. Export with a fixed batch (batch_polymorphic=False) instead.")
+    error = DynamicShapeError("Range", ctx.name, "bounds")
+    error.add_note("A symbolic bound needs the other bound and the step known at trace time, and an integer "
+                   "type; export with a fixed batch (batch_polymorphic=False) instead.")
+    raise error
   delta = int(delta)
   if delta == 0:
     raise ValueError(f"Range node {ctx.name!r}: delta must not be 0")
