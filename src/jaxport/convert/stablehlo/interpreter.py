@@ -201,19 +201,20 @@ def _is_wide(op: Op, operands: list) -> bool:
   wide = getattr(op, "_jaxport_wide", None)
   if wide is None:
     wide = op._jaxport_wide = any(_is_wide_dtype(t.dtype) for t in op.result_types)
-  return wide or any(not isinstance(x, (np.ndarray, np.generic)) and _is_wide_dtype(getattr(x, "dtype", None))
-                     for x in operands)
+  return wide or any(map(_is_wide_array, operands))
+
+
+def _is_wide_array(x) -> bool:
+  """A 64-bit JAX array (NumPy constants keep their dtype; `canon` narrows them where they are used)."""
+  return not isinstance(x, (np.ndarray, np.generic)) and _is_wide_dtype(getattr(x, "dtype", None))
 
 
 def narrowed(values: list) -> list:
   """A module's results in the caller's dtypes: 64-bit arrays made in scoped x64 mode narrowed as JAX narrows."""
-  out = []
-  for x in values:
-    dtype = getattr(x, "dtype", None)
-    if not isinstance(x, (np.ndarray, np.generic)) and _is_wide_dtype(dtype) and not jax.config.jax_enable_x64:
-      x = jax.lax.convert_element_type(x, jax.dtypes.canonicalize_dtype(dtype))
-    out.append(x)
-  return out
+  if jax.config.jax_enable_x64:
+    return list(values)
+  return [jax.lax.convert_element_type(x, jax.dtypes.canonicalize_dtype(x.dtype)) if _is_wide_array(x) else x
+          for x in values]
 
 
 def _too_big(op: Op) -> bool:

@@ -35,15 +35,6 @@ _ALGORITHMS = {"DEFAULT": lax.RandomAlgorithm.RNG_DEFAULT, "THREE_FRY": lax.Rand
                "PHILOX": lax.RandomAlgorithm.RNG_PHILOX}
 
 
-def _x64() -> bool:
-  return bool(jax.config.jax_enable_x64)
-
-
-def _need_x64(ctx, what: str):
-  return StableHLOError(f"{ctx.op.name} in module {ctx.call.name!r}: {what} needs 64-bit integers; enable "
-                        "them with jax.config.update('jax_enable_x64', True) before converting")
-
-
 def _state_words(ctx, state) -> tuple[jax.Array | np.ndarray, bool]:
   """The ui64[n] state as ui32 `(n, 2)` [low, high] word pairs, and whether it came as real ui64."""
   n = ctx.op.result_types[0].shape[0]
@@ -55,7 +46,8 @@ def _state_words(ctx, state) -> tuple[jax.Array | np.ndarray, bool]:
     return lax.bitcast_convert_type(state, jnp.uint32), True
   if dtype in (jnp.uint32, jnp.int32) and np.shape(state) == (n, 2):
     return lax.bitcast_convert_type(state, jnp.uint32), False
-  raise _need_x64(ctx, f"its ui64[{n}] state (here a {dtype}{list(np.shape(state))})")
+  raise StableHLOError(f"{ctx.op.name} in module {ctx.call.name!r}: its ui64[{n}] state arrived as a "
+                       f"{dtype}{list(np.shape(state))}; expected ui64[{n}] or ({n}, 2) ui32 word pairs")
 
 
 def _state_value(words, as_u64: bool):
@@ -91,8 +83,6 @@ def _generate(ctx, state, algorithm, shape, dtype, state_type):
   bits = dtype.itemsize * 8
   if bits not in (8, 16, 32, 64) or dtype == np.bool_:
     raise StableHLOError(f"{ctx.op.name} in module {ctx.call.name!r}: {dtype} random bits are not supported")
-  if bits == 64 and not _x64():
-    raise _need_x64(ctx, "its 64-bit random values")
   unsigned = np.dtype(f"uint{bits}")
   words, as_u64 = _state_words(ctx, state)
   n = state_type.shape[0]
