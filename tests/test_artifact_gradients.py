@@ -197,3 +197,26 @@ def test_marked_artifact_differentiates_without_tensorflow(tmp_path):
   expected = jax.grad(lambda x: jnp.sum(jax_fn(params, x, x)[0]))(_X)
   np.testing.assert_allclose(np.load(tmp_path / "g.npy"), expected, rtol=1e-6)
   assert np.all(np.isfinite(expected))
+
+
+@pytest.mark.parametrize("polymorphic", [False, True], ids=["fixed_batch", "symbolic_batch"])
+def test_loaded_depthwise_filter_gradient_keeps_the_variadic_reduce(tmp_path, polymorphic):
+  # The depthwise taps' filter gradient (one variadic reduce, `conv_lowering.depthwise_taps`) is a rule
+  # `jax.export` would write as plain slices and products; the mark keeps it in the loaded artifact.
+  x = np.random.RandomState(0).normal(size=(2, 8, 8, 4)).astype(np.float32)
+  w = tf.Variable(np.random.RandomState(1).normal(size=(3, 3, 4, 1)).astype(np.float32))
+  fn = tf.function(lambda x: tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], "SAME"))
+  jax_fn, params = jaxport.convert(fn, tf.TensorSpec([None, 8, 8, 4], tf.float32))
+  if polymorphic:
+    jaxport.export(jax_fn, params, path=tmp_path / "dw", platforms=("cpu", "cuda"), batch_polymorphic=True)
+  else:
+    jaxport.export(jax_fn, params, x, path=tmp_path / "dw", platforms=("cpu",))
+  loaded, loaded_params = jaxport.load(tmp_path / "dw")
+  loss = lambda p: (loaded(p, x)[0] ** 2).sum()
+  with tf.GradientTape() as tape:
+    value = tf.reduce_sum(fn(tf.constant(x)) ** 2)
+  (got,) = jax.tree.leaves(jax.jit(jax.grad(loss))(loaded_params))
+  np.testing.assert_allclose(got, tape.gradient(value, w), rtol=1e-4, atol=1e-4)
+  reduces = [line for line in jax.jit(jax.grad(loss)).lower(loaded_params).as_text().splitlines()
+             if "stablehlo.reduce(" in line]
+  assert any(line.count("%") >= 18 for line in reduces), reduces

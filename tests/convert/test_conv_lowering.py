@@ -209,3 +209,58 @@ def test_pointwise_kernel_gradient_contracts_one_dim():
   dots = [line for line in lowered.splitlines() if "stablehlo.dot_general" in line]
   assert dots and all("contracting_dims = [0] x [0]" in line or "contracting_dims = [1] x [0]" in line
                       for line in dots), dots
+
+
+# --------------------------------------------------------------------------- depthwise filter gradient on CPU
+
+DEPTHWISE_GRAD_CASES = {
+    "3x3_same": ((2, 7, 7, 4), (3, 3, 4, 1), dict(strides=[1, 1, 1, 1], padding="SAME")),
+    "5x5_stride2_multiplier": ((2, 9, 9, 3), (5, 5, 3, 2), dict(strides=[1, 2, 2, 1], padding="SAME")),
+    "3x2_valid_multiplier3": ((1, 9, 8, 3), (3, 2, 3, 3), dict(strides=[1, 1, 1, 1], padding="VALID")),
+}
+
+
+def _depthwise_tf(kw):
+  return lambda x, w: RAW.DepthwiseConv2dNative(input=x, filter=w, **kw)
+
+
+@pytest.mark.parametrize("case", sorted(DEPTHWISE_GRAD_CASES))
+def test_depthwise_filter_tangent_matches_tf(case):
+  # The filter's tangent is a custom linear map (its transpose one variadic reduce): values, jit,
+  # both gradients against GradientTape and vmap (check); jvp in the filter against TF's
+  # ForwardAccumulator; the second derivative in x and w against nested tapes.
+  x_shape, w_shape, kw = DEPTHWISE_GRAD_CASES[case]
+  x, w = normal(*x_shape), normal(*w_shape, seed=1)
+  fn = _depthwise_tf(kw)
+  jax_fn = check(fn, x, w, atol=1e-4, rtol=1e-4)
+  dw = normal(*w_shape, seed=2)
+  _, tangent = jax.jvp(lambda w: jax_fn({}, x, w)[0], (w,), (dw,))
+  x_tf, w_tf = tf.constant(x), tf.constant(w)
+  with tf.autodiff.ForwardAccumulator(w_tf, tf.constant(dw)) as acc:
+    y = fn(x_tf, w_tf)
+  np.testing.assert_allclose(tangent, acc.jvp(y), atol=1e-4, rtol=1e-4)
+
+  def loss(x, w):  # a gradient that depends on x and w both, so its own derivative is not zero
+    return (jax_fn({}, x, w)[0] ** 2).sum()
+  second = jax.jit(jax.grad(lambda x, w: (jax.grad(loss, 1)(x, w) ** 2).sum(), (0, 1)))(x, w)
+  with tf.GradientTape() as outer:
+    outer.watch([x_tf, w_tf])
+    with tf.GradientTape() as inner:
+      inner.watch(w_tf)
+      value = tf.reduce_sum(fn(x_tf, w_tf) ** 2)
+    g = inner.gradient(value, w_tf)
+    total = tf.reduce_sum(g ** 2)
+  expected = outer.gradient(total, [x_tf, w_tf])
+  for got, want in zip(second, expected):
+    np.testing.assert_allclose(got, want, rtol=2e-3, atol=1e-3 * float(np.abs(want).max()))
+
+
+def test_depthwise_filter_gradient_is_one_variadic_reduce():
+  # XLA:CPU's YNNPACK pass takes single-output reduces, writing each tap's input slice out; the
+  # taps' products reduced together stay one XLA fusion.
+  import jaxport
+  x, w = normal(2, 8, 8, 4), normal(3, 3, 4, 1, seed=1)
+  jax_fn, _ = jaxport.convert(_depthwise_tf(dict(strides=[1, 1, 1, 1], padding="SAME")), x, w)
+  lowered = jax.jit(jax.grad(lambda x, w: (jax_fn({}, x, w)[0] ** 2).sum(), 1)).lower(x, w).as_text()
+  reduces = [line for line in lowered.splitlines() if "stablehlo.reduce(" in line]
+  assert any(line.count("%") >= 18 for line in reduces), reduces

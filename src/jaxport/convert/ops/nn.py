@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -174,26 +173,11 @@ def _depthwise_shifted(x, w, spec: _ConvSpec):
   # the pad's bounds checks and the producer's ops (BatchNorm, ReLU) in every tap, which costs 4-16x
   # run time and 5x compile time on 5x5/7x7 kernels (NASNet).
   x = lax.optimization_barrier(jnp.pad(x, [(0, 0), *pads, (0, 0)]))
-  out_sizes = [(n + lo + hi - (k - 1) * d - 1) // s + 1
-               for n, (lo, hi), k, d, s in zip(spatial_shape, pads, window, spec.dilations, spec.strides)]
   acc_dtype = jnp.float32 if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize < 4 else x.dtype
-  w = w.astype(acc_dtype).reshape(*window, channels * multiplier)
+  w = w.astype(acc_dtype).reshape(int(np.prod(window)), channels * multiplier)
   if multiplier > 1:
     x = jnp.repeat(x, multiplier, axis=-1)
-  taps = list(itertools.product(*(range(k) for k in window)))
-  out_shape = (x.shape[0], *out_sizes, x.shape[-1])
-  # Four lax ops per tap (no jnp indexing or promotion): tracing stays cheap for models with
-  # hundreds of 5x5/7x7 depthwise convs (NASNet).
-  rows = lax.split(jnp.reshape(w, (len(taps), -1)), [1] * len(taps), axis=0)
-  out = None
-  for tap, row in zip(taps, rows):
-    starts = [t * d for t, d in zip(tap, spec.dilations)]
-    limits = [st + (o - 1) * s + 1 for st, o, s in zip(starts, out_sizes, spec.strides)]
-    patch = lax.slice(x, (0, *starts, 0), (x.shape[0], *limits, x.shape[-1]), (1, *spec.strides, 1))
-    if patch.dtype != acc_dtype:
-      patch = lax.convert_element_type(patch, acc_dtype)
-    term = lax.mul(patch, lax.broadcast_in_dim(row, out_shape, (0, x.ndim - 1)))
-    out = term if out is None else lax.add(out, term)
+  out = conv_lowering.depthwise_taps(x, w, window, spec.strides, spec.dilations)
   out = out.astype(x.dtype)
   return jnp.transpose(out, np.argsort(to_last)) if to_last != list(range(x.ndim)) else out
 
