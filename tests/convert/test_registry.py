@@ -223,3 +223,16 @@ def test_op_tier_sees_xla_kernels_in_a_fresh_process():
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.split() == ["stablehlo", "stablehlo"]
 
+
+
+def test_ops_where_sees_a_rule_registered_after_it_was_asked():
+  # ops_where's answers are kept (conversion asks per node); registering a rule forgets them.
+  before = ops_where(needs_rng=True)
+  assert "JaxportTestOnlyRngOp" not in before and ops_where(needs_rng=True) is before
+  try:
+    register("JaxportTestOnlyRngOp", needs_rng=True)(lambda ctx, x: x)
+    assert "JaxportTestOnlyRngOp" in ops_where(needs_rng=True)
+  finally:
+    registry._RULES.pop("JaxportTestOnlyRngOp", None)
+    registry._WHERE.clear()
+  assert ops_where(needs_rng=True) == before

@@ -59,6 +59,7 @@ def register(*op_types: str, needs_rng: bool = False, writes_state: bool = False
       if op in _RULES:
         old = _RULES[op].fn
         raise ValueError(f"op {op!r} already has a rule: {old.__module__}.{old.__qualname__}")
+    _WHERE.clear()
     for op in op_types:
       _RULES[op] = OpRule(op, fn, needs_rng=needs_rng, writes_state=writes_state,
                           stateful=stateful or writes_state or needs_rng, structural=structural,
@@ -81,11 +82,19 @@ def rules() -> Mapping[str, OpRule]:
 def ops_where(**properties) -> frozenset[str]:
   """The op types whose rule has all the given properties, e.g. `ops_where(needs_rng=True)`."""
   _load_rules()
-  for key in properties:
-    if key not in OpRule.__dataclass_fields__ or key in ("op_type", "fn"):
-      raise TypeError(f"unknown op property {key!r}")
-  return frozenset(op for op, rule in _RULES.items()
-                   if all(getattr(rule, k) == v for k, v in properties.items()))
+  key = tuple(sorted(properties.items()))
+  found = _WHERE.get(key)
+  if found is None:
+    for name in properties:
+      if name not in OpRule.__dataclass_fields__ or name in ("op_type", "fn"):
+        raise TypeError(f"unknown op property {name!r}")
+    found = _WHERE[key] = frozenset(op for op, rule in _RULES.items()
+                                    if all(getattr(rule, k) == v for k, v in properties.items()))
+  return found
+
+
+# ops_where's answers (it is asked per node while converting), forgotten when a rule is registered.
+_WHERE: dict[tuple, frozenset[str]] = {}
 
 
 def supported_ops() -> frozenset[str]:
