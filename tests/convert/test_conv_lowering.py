@@ -264,3 +264,21 @@ def test_depthwise_filter_gradient_is_one_variadic_reduce():
   lowered = jax.jit(jax.grad(lambda x, w: (jax_fn({}, x, w)[0] ** 2).sum(), 1)).lower(x, w).as_text()
   reduces = [line for line in lowered.splitlines() if "stablehlo.reduce(" in line]
   assert any(line.count("%") >= 18 for line in reduces), reduces
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_depthwise_backprop_filter_op_is_one_variadic_reduce(dtype):
+  # A TF training graph's own DepthwiseConv2dNativeBackpropFilter takes the same filter gradient
+  # (it was the transpose of the taps' sum: one reduce per tap), accumulating half precision in f32.
+  import jaxport
+  x, dy = normal(2, 9, 9, 3).astype(dtype), normal(2, 5, 5, 6, seed=1).astype(dtype)
+  kw = dict(filter_sizes=[3, 3, 3, 2], strides=[1, 2, 2, 1], padding="SAME")
+  fn = tf.function(lambda x, dy: RAW.DepthwiseConv2dNativeBackpropFilter(input=x, out_backprop=dy, **kw))
+  jax_fn, params = jaxport.convert(fn, x, dy)
+  got = jax.jit(lambda x, dy: jax_fn(params, x, dy)[0])(x, dy)
+  assert got.dtype == dtype
+  np.testing.assert_allclose(np.asarray(got, np.float32), fn(x, dy).numpy().astype(np.float32),
+                             rtol=2e-2 if dtype == np.float16 else 1e-5, atol=2e-2 if dtype == np.float16 else 1e-5)
+  lowered = jax.jit(lambda x, dy: jax_fn(params, x, dy)[0]).lower(x, dy).as_text()
+  reduces = [line for line in lowered.splitlines() if "stablehlo.reduce(" in line]
+  assert len(reduces) == 1 and reduces[0].count("%") >= 18, reduces

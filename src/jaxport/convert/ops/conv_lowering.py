@@ -275,6 +275,11 @@ def _tap_sum(x, w, window, strides, dilations):
   return out
 
 
+def depthwise_filter_grad(x: Array, dy: Array, window, strides, dilations) -> Array:
+  """The gradient of `depthwise_taps(x, w, ...)` in `w` [taps, C], given the output's cotangent `dy`."""
+  return _tap_filter_grad(x, dy, tuple(window), tuple(strides), tuple(dilations))
+
+
 def _tap_filter_grad(x, dy, window, strides, dilations):
   """[taps, C]: per tap, the sum over batch and positions of its input slice times `dy`."""
   products = []

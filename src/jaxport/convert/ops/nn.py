@@ -159,27 +159,43 @@ def _depthwise_grouped(x, w, spec: _ConvSpec):
   return conv_lowering.conv_xla(x, w.reshape(*window, 1, channels * multiplier), spec, groups=channels)
 
 
+def _depthwise_taps_input(x, w_shape, spec: _ConvSpec):
+  """The input of `conv_lowering.depthwise_taps`: channels last, padded, each channel repeated per
+  multiplier; with the window, the permutation to channels last and the accumulation dtype."""
+  to_last = [0, *spec.spatial, spec.channel_axis]
+  x = jnp.transpose(x, to_last) if to_last != list(range(x.ndim)) else x
+  *window, _, multiplier = w_shape
+  pads = spec.pads(x.shape[1:-1], window)
+  # Materialise the padded input once: fused into the k*k slices below, XLA:CPU would re-evaluate
+  # the pad's bounds checks and the producer's ops (BatchNorm, ReLU) in every tap, which costs 4-16x
+  # run time and 5x compile time on 5x5/7x7 kernels (NASNet).
+  x = lax.optimization_barrier(jnp.pad(x, [(0, 0), *pads, (0, 0)]))
+  if multiplier > 1:
+    x = jnp.repeat(x, multiplier, axis=-1)
+  acc_dtype = jnp.float32 if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize < 4 else x.dtype
+  return x, window, to_last, acc_dtype
+
+
 def _depthwise_shifted(x, w, spec: _ConvSpec):
   """Depthwise conv as a sum over window taps of strided slices times per-channel weights.
 
   XLA:CPU runs this much faster than a grouped convolution (see DepthwiseConv2dNative).
   """
-  to_last = [0, *spec.spatial, spec.channel_axis]
-  x = jnp.transpose(x, to_last) if to_last != list(range(x.ndim)) else x
-  *window, channels, multiplier = w.shape
-  spatial_shape = x.shape[1:-1]
-  pads = spec.pads(spatial_shape, window)
-  # Materialise the padded input once: fused into the k*k slices below, XLA:CPU would re-evaluate
-  # the pad's bounds checks and the producer's ops (BatchNorm, ReLU) in every tap, which costs 4-16x
-  # run time and 5x compile time on 5x5/7x7 kernels (NASNet).
-  x = lax.optimization_barrier(jnp.pad(x, [(0, 0), *pads, (0, 0)]))
-  acc_dtype = jnp.float32 if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize < 4 else x.dtype
-  w = w.astype(acc_dtype).reshape(int(np.prod(window)), channels * multiplier)
-  if multiplier > 1:
-    x = jnp.repeat(x, multiplier, axis=-1)
-  out = conv_lowering.depthwise_taps(x, w, window, spec.strides, spec.dilations)
-  out = out.astype(x.dtype)
+  dtype = x.dtype
+  x, window, to_last, acc_dtype = _depthwise_taps_input(x, w.shape, spec)
+  w = w.astype(acc_dtype).reshape(int(np.prod(window)), -1)
+  out = conv_lowering.depthwise_taps(x, w, window, spec.strides, spec.dilations).astype(dtype)
   return jnp.transpose(out, np.argsort(to_last)) if to_last != list(range(x.ndim)) else out
+
+
+def _depthwise_shifted_filter_grad(x, dy, spec: _ConvSpec, shape):
+  """DepthwiseConv2dNativeBackpropFilter on CPU: the taps' filter gradient (one variadic reduce, see
+  `conv_lowering.depthwise_taps`), not the transpose of the taps' sum (one reduce per tap)."""
+  dtype = x.dtype
+  x, window, to_last, acc_dtype = _depthwise_taps_input(x, shape, spec)
+  dy = jnp.transpose(dy, to_last) if to_last != list(range(dy.ndim)) else dy
+  grad = conv_lowering.depthwise_filter_grad(x, dy.astype(acc_dtype), window, spec.strides, spec.dilations)
+  return grad.reshape(shape).astype(dtype)
 
 
 def _depthwise(x, w, spec: _ConvSpec):
@@ -203,7 +219,12 @@ def depthwise_conv2d_backprop_input(ctx, input_sizes, w, out_backprop):
 
 @register("DepthwiseConv2dNativeBackpropFilter", convolution=True)
 def depthwise_conv2d_backprop_filter(ctx, x, filter_sizes, out_backprop):
-  return _conv_backprop_filter(ctx, x, filter_sizes, out_backprop, 2, conv=_depthwise)
+  spec = _ConvSpec(ctx.attr, 2)
+  shape = tuple(static_ints(filter_sizes, "filter_sizes", ctx))
+  return lax.platform_dependent(
+      jnp.asarray(x), jnp.asarray(out_backprop),
+      cpu=functools.partial(_depthwise_shifted_filter_grad, spec=spec, shape=shape),
+      default=lambda x, dy: _transpose(lambda w: _depthwise_grouped(x, w, spec), shape, dy))
 
 
 # --------------------------------------------------------------------------- pooling
