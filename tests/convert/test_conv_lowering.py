@@ -281,4 +281,21 @@ def test_depthwise_backprop_filter_op_is_one_variadic_reduce(dtype):
                              rtol=2e-2 if dtype == np.float16 else 1e-5, atol=2e-2 if dtype == np.float16 else 1e-5)
   lowered = jax.jit(lambda x, dy: jax_fn(params, x, dy)[0]).lower(x, dy).as_text()
   reduces = [line for line in lowered.splitlines() if "stablehlo.reduce(" in line]
-  assert len(reduces) == 1 and reduces[0].count("%") >= 18, reduces
+  assert reduces and all(line.count("%") >= 18 for line in reduces), reduces
+
+
+def test_depthwise_filter_gradient_accuracy_after_batch_norm():
+  # After a training-mode BatchNorm, dy sums to zero per channel: the filter gradient cancels heavily.
+  # Summing all N*H*W terms in one in-order pass erred 3.6e-6 (relative to a float64 reference; TF's
+  # float32 kernel 0.9-2.7e-6, by its thread count); the innermost positions first, then the rest, 5.3e-7.
+  import jaxport
+  rs = np.random.RandomState(0)
+  x = np.clip(rs.randn(8, 56, 56, 144), 0, 6).astype(np.float32)
+  dy = rs.randn(8, 56, 56, 144).astype(np.float32)
+  dy = (dy - dy.mean((0, 1, 2))) * 1e-3
+  op = lambda x, dy: RAW.DepthwiseConv2dNativeBackpropFilter(input=x, out_backprop=dy, filter_sizes=[3, 3, 144, 1],
+                                                             strides=[1, 1, 1, 1], padding="SAME")
+  exact = op(x.astype(np.float64), dy.astype(np.float64)).numpy()
+  jax_fn, params = jaxport.convert(tf.function(op), x, dy)
+  got = np.asarray(jax.jit(lambda x, dy: jax_fn(params, x, dy)[0])(x, dy), np.float64)
+  assert np.abs(got - exact).max() / np.abs(exact).max() < 1.5e-6

@@ -288,8 +288,12 @@ def _tap_filter_grad(x, dy, window, strides, dilations):
       patch = lax.convert_element_type(patch, dy.dtype)
     products.append(lax.mul(patch, dy))
   zeros = [np.zeros((), dy.dtype)] * len(products)
-  sums = lax.reduce(products, zeros, lambda a, b: [lax.add(p, q) for p, q in zip(a, b)],
-                    tuple(range(dy.ndim - 1)))
+  add = lambda a, b: [lax.add(p, q) for p, q in zip(a, b)]
+  # The innermost positions first, then the rest: XLA:CPU accumulates a reduce in order, so one pass
+  # over all N*H*W terms erred 3.6e-6 (relative, after BatchNorm's cancellation, 8x56x56x144) where
+  # TF's kernel errs 9.4e-7; in two passes 5.3e-7, and faster (7.4 vs 9.2 ms).
+  sums = lax.reduce(products, zeros, add, (dy.ndim - 2,))
+  sums = lax.reduce(sums, zeros, add, tuple(range(dy.ndim - 2)))
   return lax.concatenate([lax.broadcast_in_dim(s, (1, *s.shape), (1,)) for s in sums], 0)
 
 
