@@ -242,11 +242,11 @@ def depthwise_taps(x: Array, w: Array, window, strides, dilations) -> Array:
   """The depthwise conv of a padded [N, *spatial, C] input with per-tap weights `w` [taps, C] (taps in
   row-major window order): the sum over taps of a strided slice times its row, in `w`'s dtype.
 
-  Its filter gradient is one variadic reduce over the taps' `slice * dy` products: XLA:CPU's YNNPACK
-  pass takes each tap's own `reduce(slice * dy)` and writes every slice out (recomputing the ops that
-  produce the input, e.g. BatchNorm and ReLU6, once per tap); a variadic reduce it does not take, so
-  XLA fuses all taps into one pass (3x3 at 8x56x56x144 after BatchNorm: 115 -> 40 ms). Values and
-  the input's tangent are the plain sum's. Marked for export, so loaded artifacts keep the rule."""
+  Its filter gradient reduces the taps' `slice * dy` products together, in variadic reduces: XLA:CPU's
+  YNNPACK pass takes each tap's own `reduce(slice * dy)` and writes every slice out (recomputing the
+  ops that produce the input, e.g. BatchNorm and ReLU6, once per tap); a variadic reduce it does not
+  take, so XLA fuses all taps into one pass (3x3 at 8x56x56x144 after BatchNorm: 115 -> 40 ms). Values
+  and the input's tangent are the plain sum's. Marked for export, so loaded artifacts keep the rule."""
   return _depthwise_taps_marked(x, w, window=[int(k) for k in window], strides=[int(s) for s in strides],
                                 dilations=[int(d) for d in dilations])
 

@@ -189,8 +189,8 @@ def _depthwise_shifted(x, w, spec: _ConvSpec):
 
 
 def _depthwise_shifted_filter_grad(x, dy, spec: _ConvSpec, shape):
-  """DepthwiseConv2dNativeBackpropFilter on CPU: the taps' filter gradient (one variadic reduce, see
-  `conv_lowering.depthwise_taps`), not the transpose of the taps' sum (one reduce per tap)."""
+  """DepthwiseConv2dNativeBackpropFilter on CPU: the taps' filter gradient (their products reduced
+  together, see `conv_lowering.depthwise_taps`), not the transpose of the taps' sum (a reduce per tap)."""
   dtype = x.dtype
   x, window, to_last, acc_dtype = _depthwise_taps_input(x, shape, spec)
   dy = jnp.transpose(dy, to_last) if to_last != list(range(dy.ndim)) else dy
