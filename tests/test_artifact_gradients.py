@@ -201,7 +201,7 @@ def test_marked_artifact_differentiates_without_tensorflow(tmp_path):
 
 @pytest.mark.parametrize("polymorphic", [False, True], ids=["fixed_batch", "symbolic_batch"])
 def test_loaded_depthwise_filter_gradient_keeps_the_variadic_reduce(tmp_path, polymorphic):
-  # The depthwise taps' filter gradient (one variadic reduce, `conv_lowering.depthwise_taps`) is a rule
+  # The depthwise taps' filter gradient (the taps reduced together, `conv_lowering.depthwise_taps`) is a rule
   # `jax.export` would write as plain slices and products; the mark keeps it in the loaded artifact.
   x = np.random.RandomState(0).normal(size=(2, 8, 8, 4)).astype(np.float32)
   w = tf.Variable(np.random.RandomState(1).normal(size=(3, 3, 4, 1)).astype(np.float32))

@@ -226,7 +226,7 @@ def _depthwise_tf(kw):
 
 @pytest.mark.parametrize("case", sorted(DEPTHWISE_GRAD_CASES))
 def test_depthwise_filter_tangent_matches_tf(case):
-  # The filter's tangent is a custom linear map (its transpose one variadic reduce): values, jit,
+  # The filter's tangent is a custom linear map (its transpose variadic reduces): values, jit,
   # both gradients against GradientTape and vmap (check); jvp in the filter against TF's
   # ForwardAccumulator; the second derivative in x and w against nested tapes.
   x_shape, w_shape, kw = DEPTHWISE_GRAD_CASES[case]
@@ -255,7 +255,7 @@ def test_depthwise_filter_tangent_matches_tf(case):
     np.testing.assert_allclose(got, want, rtol=2e-3, atol=1e-3 * float(np.abs(want).max()))
 
 
-def test_depthwise_filter_gradient_is_one_variadic_reduce():
+def test_depthwise_filter_gradient_reduces_the_taps_together():
   # XLA:CPU's YNNPACK pass takes single-output reduces, writing each tap's input slice out; the
   # taps' products reduced together stay one XLA fusion.
   import jaxport
@@ -267,9 +267,9 @@ def test_depthwise_filter_gradient_is_one_variadic_reduce():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
-def test_depthwise_backprop_filter_op_is_one_variadic_reduce(dtype):
+def test_depthwise_backprop_filter_op_reduces_the_taps_together(dtype):
   # A TF training graph's own DepthwiseConv2dNativeBackpropFilter takes the same filter gradient
-  # (it was the transpose of the taps' sum: one reduce per tap), accumulating half precision in f32.
+  # (it was the transpose of the taps' sum: a reduce per tap), accumulating half precision in f32.
   import jaxport
   x, dy = normal(2, 9, 9, 3).astype(dtype), normal(2, 5, 5, 6, seed=1).astype(dtype)
   kw = dict(filter_sizes=[3, 3, 3, 2], strides=[1, 2, 2, 1], padding="SAME")
