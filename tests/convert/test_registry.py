@@ -236,3 +236,21 @@ def test_ops_where_sees_a_rule_registered_after_it_was_asked():
     registry._RULES.pop("JaxportTestOnlyRngOp", None)
     registry._WHERE.clear()
   assert ops_where(needs_rng=True) == before
+
+
+def test_row_indices_name_tf_indices_input():
+  """`row_indices` (what padded Unique outputs may end in) is TF's `indices` input of each op."""
+  from tensorflow.python.framework import op_def_registry
+  scatters = {op: rule.row_indices for op, rule in registry.rules().items() if rule.row_indices is not None}
+  assert {"ResourceScatterAdd", "ResourceScatterUpdate", "ResourceSparseApplyAdagradV2",
+          "ResourceSparseApplyKerasMomentum", "ResourceSparseApplyFtrlV2"} <= set(scatters)
+  for op, position in scatters.items():
+    assert op_def_registry.get(op).input_arg[position].name == "indices", op
+  assert not {op for op in ops_where(writes_state=True) if op.startswith("ResourceApply")} & set(scatters)
+
+
+def test_elementwise_ops_are_size_bounded():
+  elementwise = ops_where(elementwise=True)
+  assert {"Mul", "AddV2", "Cast", "Maximum", "RealDiv", "Sqrt", "Less"} <= elementwise
+  assert elementwise <= ops_where(size_bounded=True)
+  assert not elementwise & {"Sum", "StridedSlice", "ReverseV2", "Transpose", "MatMul", "Softmax"}

@@ -38,6 +38,10 @@ class OpRule:
   # its result has no more elements than the product of its inputs' sizes: elementwise, shape
   # arithmetic, slicing, reductions, products; constant folding bounds its size without running it
   size_bounded: bool = False
+  elementwise: bool = False      # entry by entry, inputs broadcast against each other
+  # the input holding row indices into a variable (axis 0); rows whose index is out of range are
+  # dropped (scatters into variables, sparse optimizer updates)
+  row_indices: int | None = None
 
   def __call__(self, ctx, *inputs):
     return self.fn(ctx, *inputs)
@@ -48,7 +52,8 @@ _RULES: dict[str, OpRule] = {}
 
 def register(*op_types: str, needs_rng: bool = False, writes_state: bool = False,
              stateful: bool = False, structural: bool = False, tier: Tier = Tier.NATIVE,
-             check: Callable | None = None, convolution: bool = False, size_bounded: bool = False):
+             check: Callable | None = None, convolution: bool = False, size_bounded: bool = False,
+             elementwise: bool = False, row_indices: int | None = None):
   """Registers the decorated `fn(ctx, *inputs)` for each of `op_types` (literal op names).
 
   `check(node)`, when given, runs at conversion time for every node of these types that
@@ -63,7 +68,9 @@ def register(*op_types: str, needs_rng: bool = False, writes_state: bool = False
     for op in op_types:
       _RULES[op] = OpRule(op, fn, needs_rng=needs_rng, writes_state=writes_state,
                           stateful=stateful or writes_state or needs_rng, structural=structural,
-                          tier=tier, check=check, convolution=convolution, size_bounded=size_bounded)
+                          tier=tier, check=check, convolution=convolution,
+                          size_bounded=size_bounded or elementwise, elementwise=elementwise,
+                          row_indices=row_indices)
     return fn
   return decorator
 

@@ -58,7 +58,7 @@ def _apply_symbolic(fn, inputs):
 def _elementwise(*op_types):
   """Registers `fn(xp, *inputs)` for `op_types`, computed as `apply` does."""
   def decorator(fn):
-    register(*op_types, size_bounded=True)(lambda ctx, *inputs: apply(fn, inputs))
+    register(*op_types, elementwise=True)(lambda ctx, *inputs: apply(fn, inputs))
     return fn
   return decorator
 
@@ -67,7 +67,7 @@ def _jax_elementwise(*op_types):
   """Registers `fn(*inputs)` that always computes with JAX (no NumPy counterpart)."""
   def decorator(fn):
     # lax's binary special functions (igamma, polygamma, ...) need operands of one shape.
-    register(*op_types, size_bounded=True)(
+    register(*op_types, elementwise=True)(
         lambda ctx, *inputs: fn(*jnp.broadcast_arrays(*[jnp.asarray(x) for x in inputs])))
     return fn
   return decorator
@@ -362,7 +362,7 @@ def _division(*op_types):
       if _is_integer(x):
         runtime_check(ctx, y != 0, "Integer division by zero")
       return apply(fn, (x, y))
-    register(*op_types, size_bounded=True)(rule)
+    register(*op_types, elementwise=True)(rule)
     return fn
   return decorator
 
@@ -451,7 +451,7 @@ def _maximum(xp, x, y):
   return _maximum_tf_grad(x, y) if xp is jnp and _is_float(x) else xp.maximum(x, y)
 
 
-@register("Maximum", size_bounded=True)
+@register("Maximum", elementwise=True)
 def maximum(ctx, x, y):
   relu = jax2tf_relu(ctx, x, y)
   return relu if relu is not None else apply(_maximum, (x, y))
@@ -591,7 +591,7 @@ def _comparison(op_type, fn_name, incompatible_result=None):
       except ValueError:
         return np.asarray(incompatible_result)
     return apply(lambda xp, x, y: getattr(xp, fn_name)(x, y), (x, y))
-  register(op_type, size_bounded=True)(rule)
+  register(op_type, elementwise=True)(rule)
 
 
 _comparison("Equal", "equal", incompatible_result=False)
@@ -669,7 +669,7 @@ def _cast(xp, x, dst, truncate):
   return x.astype(dst)
 
 
-@register("Cast", size_bounded=True)
+@register("Cast", elementwise=True)
 def _cast_rule(ctx, x):
   return cast_like_tf(x, ctx.attr("DstT"), ctx.attr("Truncate", False))
 

@@ -45,7 +45,10 @@ def _optimizer(*op_types: str) -> Callable:
       return ()
 
     rule.__name__ = rule.__qualname__ = f"apply_{update.__name__.lstrip('_')}"
-    register(*op_types, writes_state=True, structural=True)(rule)
+    sparse = [op for op in op_types if op.startswith("ResourceSparse")]
+    register(*[op for op in op_types if op not in sparse], writes_state=True, structural=True)(rule)
+    if sparse:   # `indices` follows `grad`
+      register(*sparse, writes_state=True, structural=True, row_indices=grad_at + 1)(rule)
     return update
   return decorator
 
