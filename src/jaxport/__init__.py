@@ -14,7 +14,7 @@ from jaxport.convert.graph_def import convert_functional_graph_def, convert_grap
 from jaxport.convert.inspect import InspectReport, inspect
 from jaxport.errors import (ArtifactError, AssertionFailedError, ConfigError, DeviceMismatchError, DtypeCastWarning,
                             DtypeMismatchError, DynamicLoopError, DynamicShapeError, JaxportError, MissingInputError,
-                            ShapeMismatchError, ShardedArrayError, SignatureError, StableHLOError, StaticArgumentError,
+                            PaddedSizeError, ShapeMismatchError, ShardedArrayError, SignatureError, StableHLOError, StaticArgumentError,
                             UnsupportedOperationsError, UnsupportedValueError, ZeroCopyError)
 from jaxport.interop import shares_memory, to_cupy, to_jax, to_numpy, to_tf, to_torch
 from jaxport.sharding import fsdp_shardings, shard_params
@@ -33,5 +33,5 @@ __all__ = [
     "to_jax", "to_torch", "to_tf", "to_numpy", "to_cupy", "shares_memory",
     "ZeroCopyError", "DeviceMismatchError", "ShardedArrayError", "AssertionFailedError", "StableHLOError",
     "ConfigError", "DtypeCastWarning", "StaticArgumentError", "UnsupportedValueError",
-    "DynamicShapeError", "DynamicLoopError",
+    "DynamicShapeError", "DynamicLoopError", "PaddedSizeError",
 ]

@@ -137,6 +137,24 @@ class DynamicLoopError(DynamicShapeError):
         "(e.g. a preallocated buffer written with tf.tensor_scatter_nd_update).")
 
 
+class PaddedSizeError(DynamicShapeError):
+  """A Unique's outputs, sized by the number of distinct values, are padded to their bound under
+  jit; a node uses them in a way the padding would change (anything but per-row math ending in a
+  scatter into a variable)."""
+
+  def __init__(self, origin: str, rows: int, op: str | None, node: str):
+    """`op` None: `node` names a function whose outputs include a padded value."""
+    self.op, self.node, self.operand = op, node, f"the size of {origin!r}'s outputs"
+    user = f"{op} node {node!r} uses them otherwise" if op else f"function {node!r} returns one"
+    Exception.__init__(
+        self,
+        f"Unique node {origin!r} has as many outputs as distinct values, known only at run time. Traced "
+        f"(under jax.jit, vmap or grad, or inside a TF loop) they are padded to {rows}, which is exact "
+        "while they only pick and update rows of a variable (a sparse gradient summed per id, then "
+        f"scattered), but {user}. Call the converted function without "
+        "jax.jit (its inputs are then concrete), or keep the unique values inside such an update in TF.")
+
+
 class InteropInputError(JaxportError, TypeError):
   """`jaxport.interop` cannot exchange this input: not an array or DLPack producer, an unsupported
   dtype or byte order, or a producer that does not keep the DLPack protocol."""

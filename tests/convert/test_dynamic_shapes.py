@@ -60,7 +60,9 @@ def test_value_dependent_outputs():
   """Ops whose output shape is decided by their data: Where (also via a boolean mask), Unique, ListDiff."""
   eager_matches_tf_and_jit_names_node(lambda x: tf.boolean_mask(x, x > 0), X, op="Where",
                                       operand="input values")
-  eager_matches_tf_and_jit_names_node(lambda x: tf.unique(x), IDS, op="Unique", operand="input values")
+  # Integer ids are padded under jit instead, where only row updates read them (test_padded_unique.py).
+  eager_matches_tf_and_jit_names_node(lambda x: tf.unique(x), IDS.astype(np.float32), op="Unique",
+                                      operand="input values", grad=False)
   eager_matches_tf_and_jit_names_node(lambda x, y: raw.ListDiff(x=x, y=y), IDS, i32(1, 3), op="ListDiff",
                                       operand="x")
 

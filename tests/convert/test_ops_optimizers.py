@@ -301,30 +301,25 @@ def test_keras_training_steps_match_tf_after_three_steps(case):
   lib, make_optimizer, embedding, expected_ops = KERAS_STEPS[case]
   step, x, y = _training_step(lib, make_optimizer(), embedding=embedding)
   assert expected_ops <= _graph_ops(step, x, y)
-  jax_fn, params = jaxport.convert(step, x, y)
-  # Sparse gradients are deduplicated with tf.unique, whose output size needs concrete ids: eager only.
-  run = jax_fn if embedding else jax.jit(jax_fn)
-  losses = []
-  for _ in range(3):   # new_params fed back as params
-    loss, new_params = run(params, x, y)
-    params = {**params, **new_params}
-    losses.append(loss)
+  jax_fn, initial = jaxport.convert(step, x, y)
+  # Sparse gradients are deduplicated with tf.unique: eagerly its outputs have TF's shapes, under
+  # jit they are padded (convert/padded_rows.py); x repeats ids, so the padding is exercised.
+  runs = {}
+  for name, run in [("jit", jax.jit(jax_fn))] + ([("eager", jax_fn)] if embedding else []):
+    params, losses = initial, []
+    for _ in range(3):   # new_params fed back as params
+      loss, new_params = run(params, x, y)
+      params = {**params, **new_params}
+      losses.append(loss)
+    runs[name] = params, losses
   tf_step = tf.function(step)
   tf_losses = [tf_step(x, y) for _ in range(3)]
-  assert_close(losses, tf_losses, 1e-5, 1e-5, "losses")
   slots = [key for key, var in jax_fn.tf_variables.items() if not var.trainable]
   assert slots, "the optimizer's slots are params"
-  for key, var in jax_fn.tf_variables.items():
-    assert_close(params[key], var, 1e-5, 0, key)
-
-
-@pytest.mark.xfail(strict=True, raises=jaxport.errors.DynamicShapeError,
-                   reason="LIMITATION: tf_keras deduplicates sparse gradients with tf.unique (Unique), whose "
-                   "output size depends on the ids, so an Embedding training step runs eagerly but not under jit")
-def test_embedding_training_step_under_jit():
-  step, x, y = _training_step(tf_keras, LEGACY.Adagrad(0.1), embedding=True)
-  jax_fn, params = jaxport.convert(step, x, y)
-  jax.jit(jax_fn)(params, x, y)
+  for name, (params, losses) in runs.items():
+    assert_close(losses, tf_losses, 1e-5, 1e-5, f"{name} losses")
+    for key, var in jax_fn.tf_variables.items():
+      assert_close(params[key], var, 1e-5, 0, f"{name} {key}")
 
 
 TF1_OPTIMIZERS = {   # tf.compat.v1.train optimizers: dense ops for a matrix, sparse ops for an embedding table
@@ -357,11 +352,16 @@ def test_tf1_training_steps_match_tf_after_three_steps(name):
   assert expected_ops <= _graph_ops(step, x, ids)
   jax_fn, params = jaxport.convert(step, x, ids)   # the first trace creates the slots
   assert len(params) > 2, "the optimizer's slots are params"
-  for _ in range(3):   # eager: the sparse gradient is deduplicated with Unique
-    _, new_params = jax_fn(params, x, ids)
-    params = {**params, **new_params}
+  results = {}
+  for name, run in [("eager", jax_fn), ("jit", jax.jit(jax_fn))]:   # Unique's outputs padded under jit
+    state = params
+    for _ in range(3):
+      _, new_params = run(state, x, ids)
+      state = {**state, **new_params}
+    results[name] = state
   tf_step = tf.function(step)
   for _ in range(3):
     tf_step(x, ids)
-  for key, var in jax_fn.tf_variables.items():
-    assert_close(params[key], var, 1e-5, 1e-5, key)
+  for name, state in results.items():
+    for key, var in jax_fn.tf_variables.items():
+      assert_close(state[key], var, 1e-5, 1e-5, f"{name} {key}")

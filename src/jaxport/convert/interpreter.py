@@ -10,6 +10,7 @@ import jax
 import numpy as np
 
 from jaxport import config as _config
+from jaxport.convert import padded_rows
 from jaxport.convert.graph import GraphFunction, Library, Node
 from jaxport.convert.registry import OpRule, Tier, get_rule
 from jaxport.convert.tiers import node_rule
@@ -35,6 +36,7 @@ class Runtime:
     self.softmax_logits: dict[int, tuple] = {}   # id(Softmax result) -> (result, logits, keep); ops/softmax_product
     self.deferred: dict[int, tuple] = {}   # id(constant staged for its size) -> (value, thunk of its NumPy value)
     self.offsets: dict[int, tuple] = {}    # id(traced x + constant c) -> (result, x, c); ops/array's Range
+    self.padded: dict[int, padded_rows.Padded] = {}   # id(value) -> how Unique padded it under jit
 
   def read_variable(self, ref: VariableRef):
     try:
@@ -52,6 +54,7 @@ class Runtime:
                     self.rng if rng is ... else rng, self.custom_gradients)
     child.deferred = self.deferred
     child.offsets = self.offsets
+    child.padded = self.padded
     return child
 
   def call(self, fn_name: str, args) -> list:
@@ -117,7 +120,10 @@ def run_function(fn: GraphFunction, args: list, runtime: Runtime) -> list:
       from jaxport.errors import UnsupportedOperationsError
       raise UnsupportedOperationsError({node.op: [node.name]})
     try:
+      padding = padded_rows.use(runtime, node, inputs) if runtime.padded else None
       out = _run_node(rule, OpContext(node, runtime, fn), inputs)
+      if padding:
+        padded_rows.mark_outputs(runtime, node, inputs, out, padding)
     except Exception as e:
       if not getattr(e, "_jaxport_noted", False):
         e.add_note(f"while converting {node.op} node {node.name!r} in {fn.name!r}")
@@ -128,7 +134,10 @@ def run_function(fn: GraphFunction, args: list, runtime: Runtime) -> list:
     env[name] = tuple(out) if isinstance(out, (tuple, list)) else (out,)
     for src in frees:
       env.pop(src, None)
-  return [env[src][idx] for src, idx in fn.outputs]
+  outputs = [env[src][idx] for src, idx in fn.outputs]
+  if runtime.padded:
+    padded_rows.check_outputs(runtime, fn.name, outputs)
+  return outputs
 
 
 def _note_offset(runtime: Runtime, inputs: list, out) -> None:

@@ -7,7 +7,7 @@ slice bounds derived from `tf.shape` stay static under `jax.jit`.
 
 Differences from TF, by design of XLA:
   * values that decide an output shape (`Range`'s bounds, `Fill`/`Reshape`/`Tile`
-    operands, the data of `Where` with one input and `Unique*`) must be known when
+    operands, the data of `Where` with one input and `Unique*` (but see `unique.py`)) must be known when
     tracing (`_util.static_value`): constants always are, and so is everything when
     the converted function runs without jit; under `jax.jit`/`vmap` they raise
     `DynamicShapeError`. `jax.grad` works when the value is concrete there (e.g. a
@@ -458,46 +458,6 @@ def top_k(ctx, x, k=None):
   k = _static_int(ctx, k, "k") if k is not None else ctx.attr("k")
   values, indices = lax.top_k(x, k)
   return values, indices.astype(_dtype(jnp, ctx.attr("index_type", np.int32)))
-
-
-def _unique(ctx, x, axis: int | None):
-  """Unique slices in order of first occurrence (TF), their inverse index and counts."""
-  values = _concrete_values(ctx, x)
-  _, first, inverse, counts = np.unique(values, return_index=True, return_inverse=True,
-                                        return_counts=True, axis=axis)
-  order = np.argsort(first, kind="stable")
-  rank_ = np.empty_like(order)
-  rank_[order] = np.arange(len(order))
-  out_idx = ctx.attr("out_idx", np.int32)
-  unique = np.take(values, first[order], axis=0 if axis is None else axis)
-  return unique, rank_[inverse.reshape(-1)].astype(out_idx), counts[order].astype(out_idx)
-
-
-@register("Unique", size_bounded=True)
-def unique(ctx, x):
-  return _unique(ctx, x, None)[:2]
-
-
-@register("UniqueWithCounts")
-def unique_with_counts(ctx, x):
-  return _unique(ctx, x, None)
-
-
-def _unique_axis(ctx, x, axis) -> int | None:
-  axes = _static(ctx, axis, "axis")
-  if not axes:
-    return None
-  return _axis(ctx, axes[0], np.ndim(x))
-
-
-@register("UniqueV2")
-def unique_v2(ctx, x, axis):
-  return _unique(ctx, x, _unique_axis(ctx, x, axis))[:2]
-
-
-@register("UniqueWithCountsV2")
-def unique_with_counts_v2(ctx, x, axis):
-  return _unique(ctx, x, _unique_axis(ctx, x, axis))
 
 
 # --------------------------------------------------------------------------- reordering

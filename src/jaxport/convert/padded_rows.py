@@ -1,0 +1,103 @@
+"""Values padded to a static bound under jit, and the uses that keep the padding harmless.
+
+`tf.unique(ids)` returns as many values as there are distinct ids, known only at run time. TF's
+optimizers call it to sum a sparse gradient per id (`UnsortedSegmentSum` into as many rows as
+`tf.shape(unique)[0]`) before scattering the sums into a variable's rows. Under jit, Unique pads its
+outputs to len(ids) instead: the padding ids are out of range and their sums are zeros, and the
+scatter drops out-of-range rows, so the variable ends up as in TF.
+
+That holds only while every use of a padded value works row by row and ends in such a scatter.
+The interpreter asks `use` before each node that reads a padded value and `mark_outputs` after it;
+any other use (a reduction, a function output, a loop) raises `PaddedSizeError` before it runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from jaxport.convert.registry import get_rule
+from jaxport.errors import PaddedSizeError
+
+INDEX = "row indices"   # the unique ids, padded with out-of-range ids
+COUNT = "row count"     # their number: the padded length
+ROWS = "rows"           # axis 0 aligned with the unique ids, padded rows beyond the count
+
+
+@dataclasses.dataclass(frozen=True)
+class Padded:
+  value: Any    # held, so that no other value takes its id
+  kind: str
+  origin: str   # the Unique node
+  rows: int     # the padded length
+
+
+def mark(runtime, value, kind: str, origin: str, rows: int) -> None:
+  runtime.padded[id(value)] = Padded(value, kind, origin, rows)
+
+
+def use(runtime, node, inputs) -> tuple[str, Padded] | None:
+  """What `node`'s outputs become when it reads padded values (None: it reads none, or it is a
+  scatter that consumes them); raises `PaddedSizeError` for a use the padding would change."""
+  read = [(i, p) for i, x in enumerate(inputs) if (p := runtime.padded.get(id(x))) is not None]
+  if not read:
+    return None
+  first = read[0][1]
+  kind = _output_kind(node.op, [(i, p.kind) for i, p in read])
+  # two Uniques' rows line up only where their counts agree: never assumed
+  if kind is False or len({p.origin for _, p in read}) > 1:
+    raise PaddedSizeError(first.origin, first.rows, node.op, node.name)
+  return None if kind is None else (kind, first)
+
+
+def _output_kind(op: str, read: list[tuple[int, str]]) -> str | None | bool:
+  """The kind of `op`'s outputs given the (input position, kind) it reads; None where a scatter
+  drops the padding, False where the padding would change the result."""
+  spec = get_rule(op)
+  kinds = {kind for _, kind in read}
+  if op in ("Identity", "Snapshot") and len(read) == 1:
+    return read[0][1]
+  if spec is not None and spec.row_indices is not None:   # out-of-range rows dropped: the padding ends
+    ok = all((kind == INDEX) == (i == spec.row_indices) and kind in (INDEX, ROWS) for i, kind in read)
+    return None if ok else False
+  if spec is not None and spec.elementwise and kinds == {ROWS}:
+    return ROWS
+  if op in ("Shape", "Size") and kinds == {INDEX}:
+    return COUNT
+  if op == "StridedSlice" and read == [(0, COUNT)]:
+    return COUNT
+  if _is_segment_reduction(op) and read == [(2, COUNT)]:
+    return ROWS   # as many segments as unique ids
+  return False
+
+
+def mark_outputs(runtime, node, inputs, out, plan: tuple[str, Padded]) -> None:
+  """Marks `node`'s outputs as `plan` says, once their shapes confirm the padding stays on axis 0."""
+  kind, source = plan
+  row_ranks = {np.ndim(x) for x in inputs if getattr(runtime.padded.get(id(x)), "kind", None) == ROWS}
+  for leaf in out if isinstance(out, (tuple, list)) else [out]:
+    shape = np.shape(leaf)
+    if kind == COUNT:
+      aligned = bool(np.all(np.asarray(leaf) == source.rows))
+    elif kind == INDEX:
+      aligned = shape == (source.rows,)
+    else:   # rows read row by row keep their rank (no broadcasting moves the padded axis)
+      aligned = len(shape) >= 1 and shape[0] == source.rows and len(row_ranks) <= 1
+      aligned = aligned and (not row_ranks or len(shape) in row_ranks)
+    if not aligned:
+      raise PaddedSizeError(source.origin, source.rows, node.op, node.name)
+    mark(runtime, leaf, kind, source.origin, source.rows)
+
+
+def check_outputs(runtime, fn_name: str, outputs) -> None:
+  """A padded value must not leave the function it was made in (its size would differ from TF's)."""
+  for x in outputs:
+    p = runtime.padded.get(id(x))
+    if p is not None:
+      raise PaddedSizeError(p.origin, p.rows, None, fn_name)
+
+
+def _is_segment_reduction(op: str) -> bool:
+  from jaxport.convert.ops.gather_scatter import _SEGMENT_REDUCTIONS
+  return op in _SEGMENT_REDUCTIONS

@@ -1,0 +1,136 @@
+"""Unique under jit: its outputs are padded to len(ids) where only sparse row updates read them
+(`convert/padded_rows.py`), so optimizers' sparse gradients train under jit; every other use of a
+padded value raises `PaddedSizeError` naming the node. TF is the oracle."""
+import functools
+
+import jax
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import jaxport
+from jaxport.errors import DynamicShapeError, PaddedSizeError
+from oracle import assert_close
+
+VOCAB = 9
+
+
+@functools.lru_cache(maxsize=None)
+def _row_updates(length: int, dtype: str):
+  """Variables updated per distinct id, as TF's optimizers do: sums, counts and first positions
+  scattered at the unique ids. The padded rows would be -1 in `table` if they were not dropped."""
+  table = tf.Variable(np.zeros((VOCAB, 2), np.float32))
+  counts = tf.Variable(np.zeros((VOCAB,), np.float32))
+  first = tf.Variable(np.full((VOCAB,), -1, np.int32))
+
+  @tf.function
+  def fn(ids, values):
+    unique, position, count = tf.raw_ops.UniqueWithCounts(x=ids, out_idx=tf.int32)
+    n = tf.shape(unique)[0]
+    sums = tf.math.unsorted_segment_sum(values, position, n)
+    table.scatter_add(tf.IndexedSlices(sums * 0.5 - 1.0, unique))
+    counts.scatter_add(tf.IndexedSlices(tf.cast(count, tf.float32), unique))
+    first.scatter_update(tf.IndexedSlices(tf.math.unsorted_segment_min(tf.range(tf.size(ids)), position, n),
+                                          unique))
+    return position
+
+  ids, values = np.zeros(length, dtype), np.zeros((length, 2), np.float32)
+  jax_fn, params = jaxport.convert(fn, ids, values)
+  return fn, (table, counts, first), jax_fn, params
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from([0, 1, 6, 16]).flatmap(
+           lambda n: st.lists(st.integers(0, VOCAB - 1), min_size=n, max_size=n)),
+       st.sampled_from(["int32", "int64"]))
+def test_row_updates_per_distinct_id_match_tf_under_jit(ids, dtype):
+  ids = np.asarray(ids, dtype)
+  values = np.random.RandomState(len(ids)).normal(size=(len(ids), 2)).astype(np.float32)
+  fn, variables, jax_fn, params = _row_updates(len(ids), dtype)
+  initial = [np.zeros((VOCAB, 2), np.float32), np.zeros((VOCAB,), np.float32), np.full((VOCAB,), -1, np.int32)]
+  for var, value in zip(variables, initial):
+    var.assign(value)
+  expected_position = fn(ids, values)
+  expected = {key: var.numpy() for key, var in jax_fn.tf_variables.items()}
+  for run in (jax_fn, jax.jit(jax_fn)):   # eager: TF's shapes; jit: padded
+    position, new_params = run(params, ids, values)
+    assert_close(position, expected_position, 0, 0, "positions")
+    for key, value in expected.items():
+      assert_close(new_params[key], value, 1e-6, 1e-6, key)
+
+
+def _refused(fn, *args, node_op: str):
+  jax_fn, params = jaxport.convert(tf.function(fn), *args)
+  with pytest.raises(PaddedSizeError) as info:
+    jax.jit(jax_fn)(params, *args)
+  error = info.value
+  assert isinstance(error, DynamicShapeError) and error.op == node_op, str(error)
+  assert "without jax.jit" in str(error) and "Unique node" in str(error)
+  if node_op is not None:
+    assert f"{node_op} node {error.node!r}" in str(error)
+  jax_fn(params, *args)   # eager: TF's shapes, no padding
+  return error
+
+
+IDS = np.array([3, 1, 3, 0, 1], np.int32)
+
+
+def test_uses_that_the_padding_would_change_are_refused():
+  table = tf.Variable(np.zeros((VOCAB, 2), np.float32))
+  other = tf.Variable(np.zeros((VOCAB,), np.int32))
+  rows = np.ones((5, 2), np.float32)
+
+  def sums(ids):
+    unique, position = tf.unique(ids)
+    return unique, tf.math.unsorted_segment_sum(rows, position, tf.shape(unique)[0])
+
+  error = _refused(lambda ids: tf.unique(ids)[0], IDS, node_op=None)
+  assert "padded to 5" in str(error) and f"function {error.node!r} returns one" in str(error)
+  _refused(lambda ids: tf.reduce_sum(tf.unique(ids)[0]), IDS, node_op="Sum")
+  _refused(lambda ids: tf.reduce_sum(sums(ids)[1]), IDS, node_op="Sum")
+  # arithmetic on the ids themselves could overflow the out-of-range padding into range
+  _refused(lambda ids: table.scatter_add(tf.IndexedSlices(sums(ids)[1], sums(ids)[0] + 1)).read_value(), IDS,
+           node_op="AddV2")
+  # broadcasting that moves the padded axis off axis 0
+  _refused(lambda ids: table.scatter_add(tf.IndexedSlices(
+      tf.reduce_sum(sums(ids)[1] * tf.ones((3, 1, 1)), 0), sums(ids)[0])).read_value(), IDS, node_op="Mul")
+  # a padded vector broadcast against a column: the padded axis becomes axis 1 (here its length
+  # equals the padded length, so only the rank tells)
+  wide = tf.Variable(np.zeros((VOCAB, 5), np.float32))
+  _refused(lambda ids: wide.scatter_add(tf.IndexedSlices(
+      tf.cast(tf.raw_ops.UniqueWithCounts(x=ids)[2], tf.float32) * tf.ones((5, 1)), tf.unique(ids)[0])).read_value(),
+      np.array([3, 1, 0, 4, 2], np.int32), node_op="Mul")
+  # rows of one Unique scattered at another's ids (here both saw the same ids; not assumed)
+  _refused(lambda ids: table.scatter_add(tf.IndexedSlices(sums(ids)[1], tf.unique(ids)[0])).read_value(), IDS,
+           node_op="ResourceScatterAdd")
+  # the unique ids written as values, not used as row indices
+  _refused(lambda ids: other.scatter_update(tf.IndexedSlices(tf.unique(ids)[0], tf.range(tf.size(tf.unique(
+      ids)[0])))).read_value(), IDS, node_op="Range")
+  _refused(lambda ids: tf.cast(tf.shape(tf.unique(ids)[0])[0], tf.float32), IDS, node_op="Cast")
+
+
+def test_float_unique_under_jit_still_names_its_node():
+  values = IDS.astype(np.float32)
+  jax_fn, params = jaxport.convert(tf.function(lambda x: tf.unique(x)[0] * 2.0), values)
+  with pytest.raises(DynamicShapeError) as info:
+    jax.jit(jax_fn)(params, values)
+  assert (info.value.op, info.value.operand) == ("Unique", "input values")
+
+
+def test_row_updates_through_an_artifact(tmp_path):
+  """Exported (jit-traced, so padded) and loaded: the loaded function updates the rows as TF does."""
+  ids = np.array([5, 2, 5, 5, 0, 2], np.int32)
+  values = np.random.RandomState(0).normal(size=(6, 2)).astype(np.float32)
+  fn, variables, jax_fn, params = _row_updates(len(ids), "int32")
+  jaxport.export(jax_fn, params, ids, values, path=tmp_path / "artifact", platforms=("cpu",))
+  loaded, loaded_params = jaxport.load(tmp_path / "artifact")
+  for var in variables:
+    var.assign(tf.zeros_like(var) - (1 if var.dtype == tf.int32 else 0))
+  expected_position = fn(ids, values)
+  for run in (loaded, jax.jit(loaded)):
+    position, new_params = run(loaded_params, ids, values)
+    assert_close(position, expected_position, 0, 0, "positions")
+    for key, var in jax_fn.tf_variables.items():
+      assert_close(new_params[key], var.numpy(), 1e-6, 1e-6, key)
