@@ -134,3 +134,43 @@ def test_row_updates_through_an_artifact(tmp_path):
     assert_close(position, expected_position, 0, 0, "positions")
     for key, var in jax_fn.tf_variables.items():
       assert_close(new_params[key], var.numpy(), 1e-6, 1e-6, key)
+
+
+def _adagrad_rows(ids, values, accumulator, table):
+  """tf_keras' new Adagrad on a sparse gradient: sums per id, then the slot's rows gathered at the ids."""
+  unique, position = tf.unique(ids)
+  sums = tf.math.unsorted_segment_sum(values, position, tf.shape(unique)[0])
+  accumulator.scatter_add(tf.IndexedSlices(tf.square(sums), unique))
+  denominator = tf.sqrt(tf.gather(accumulator, unique) + 1e-7)
+  table.scatter_add(tf.IndexedSlices(-0.1 * sums / denominator, unique))
+  return position
+
+
+@pytest.mark.parametrize("checkify_asserts", [False, True])
+def test_rows_gathered_at_the_ids_match_tf_under_jit(checkify_asserts):
+  """Gathers at the padded ids read clamped rows for the padding; with checkify on, bounds checks
+  skip the padding (a real out-of-range id is still reported)."""
+  from jax.experimental import checkify
+  accumulator = tf.Variable(np.full((VOCAB, 2), 0.1, np.float32))
+  table = tf.Variable(np.random.RandomState(1).normal(size=(VOCAB, 2)).astype(np.float32))
+  fn = tf.function(lambda ids, values: _adagrad_rows(ids, values, accumulator, table))
+  ids = np.array([4, 8, 4, 4, 1, 8, 0], np.int32)
+  values = np.random.RandomState(2).normal(size=(7, 2)).astype(np.float32)
+  with jaxport.override_config("enable_checkify_for_asserts", checkify_asserts):
+    jax_fn, params = jaxport.convert(fn, ids, values)
+  before = {key: var.numpy() for key, var in jax_fn.tf_variables.items()}
+  expected_position = fn(ids, values)
+  expected = {key: var.numpy() for key, var in jax_fn.tf_variables.items()}
+  for key, var in jax_fn.tf_variables.items():   # back to the state the converted function starts from
+    var.assign(before[key])
+  run = jax.jit(checkify.checkify(jax_fn) if checkify_asserts else jax_fn)
+  result = run(params, ids, values)
+  if checkify_asserts:
+    error, result = result
+    assert error.get() is None, error.get()
+    bad_error, _ = run(params, np.array([4, 8, 4, 4, 1, 8, VOCAB + 3], np.int32), values)
+    assert "not in [0, 9)" in bad_error.get(), bad_error.get()
+  position, new_params = result
+  assert_close(position, expected_position, 0, 0, "positions")
+  for key, value in expected.items():
+    assert_close(new_params[key], value, 1e-6, 1e-6, key)

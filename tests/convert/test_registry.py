@@ -239,12 +239,15 @@ def test_ops_where_sees_a_rule_registered_after_it_was_asked():
 
 
 def test_row_indices_name_tf_indices_input():
-  """`row_indices` (what padded Unique outputs may end in) is TF's `indices` input of each op."""
+  """`scatter_indices` and `gather_indices` (where padded Unique outputs may go) are TF's `indices`."""
   from tensorflow.python.framework import op_def_registry
-  scatters = {op: rule.row_indices for op, rule in registry.rules().items() if rule.row_indices is not None}
+  rules = registry.rules().items()
+  scatters = {op: rule.scatter_indices for op, rule in rules if rule.scatter_indices is not None}
+  gathers = {op: rule.gather_indices for op, rule in rules if rule.gather_indices is not None}
   assert {"ResourceScatterAdd", "ResourceScatterUpdate", "ResourceSparseApplyAdagradV2",
           "ResourceSparseApplyKerasMomentum", "ResourceSparseApplyFtrlV2"} <= set(scatters)
-  for op, position in scatters.items():
+  assert {"ResourceGather", "GatherV2", "Gather"} <= set(gathers)
+  for op, position in {**scatters, **gathers}.items():
     assert op_def_registry.get(op).input_arg[position].name == "indices", op
   assert not {op for op in ops_where(writes_state=True) if op.startswith("ResourceApply")} & set(scatters)
 

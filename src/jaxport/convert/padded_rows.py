@@ -7,8 +7,10 @@ outputs to len(ids) instead: the padding ids are out of range and their sums are
 scatter drops out-of-range rows, so the variable ends up as in TF.
 
 That holds only while every use of a padded value works row by row and ends in such a scatter.
-The interpreter asks `use` before each node that reads a padded value and `mark_outputs` after it;
-any other use (a reduction, a function output, a loop) raises `PaddedSizeError` before it runs.
+The interpreter asks `use` before each node that reads a padded value and `mark_outputs` after it.
+Gathers at the padded ids may come in between (the new tf_keras optimizers read their slots' rows):
+their padding rows are clamped reads, later dropped. Any other use (a reduction, a function output, a
+loop) raises `PaddedSizeError` before it runs.
 """
 from __future__ import annotations
 
@@ -44,23 +46,29 @@ def use(runtime, node, inputs) -> tuple[str, Padded] | None:
   if not read:
     return None
   first = read[0][1]
-  kind = _output_kind(node.op, [(i, p.kind) for i, p in read])
+  kind = _output_kind(node, inputs, [(i, p.kind) for i, p in read])
   # two Uniques' rows line up only where their counts agree: never assumed
   if kind is False or len({p.origin for _, p in read}) > 1:
     raise PaddedSizeError(first.origin, first.rows, node.op, node.name)
   return None if kind is None else (kind, first)
 
 
-def _output_kind(op: str, read: list[tuple[int, str]]) -> str | None | bool:
-  """The kind of `op`'s outputs given the (input position, kind) it reads; None where a scatter
+def _output_kind(node, inputs, read: list[tuple[int, str]]) -> str | None | bool:
+  """The kind of the node's outputs given the (input position, kind) it reads; None where a scatter
   drops the padding, False where the padding would change the result."""
+  op = node.op
   spec = get_rule(op)
   kinds = {kind for _, kind in read}
   if op in ("Identity", "Snapshot") and len(read) == 1:
     return read[0][1]
-  if spec is not None and spec.row_indices is not None:   # out-of-range rows dropped: the padding ends
-    ok = all((kind == INDEX) == (i == spec.row_indices) and kind in (INDEX, ROWS) for i, kind in read)
+  if spec is not None and spec.scatter_indices is not None:   # out-of-range rows dropped: the padding ends
+    ok = all((kind == INDEX) == (i == spec.scatter_indices) and kind in (INDEX, ROWS) for i, kind in read)
     return None if ok else False
+  if spec is not None and spec.gather_indices is not None:   # rows picked at the ids (padding: clamped)
+    axis = inputs[2] if len(inputs) > 2 else 0   # a traced axis is no constant: refused
+    axis = axis if isinstance(axis, (int, np.integer, np.ndarray)) else None
+    along_rows = axis is not None and np.ndim(axis) == 0 and int(axis) == 0 and not node.attrs.get("batch_dims")
+    return ROWS if along_rows and read == [(spec.gather_indices, INDEX)] else False
   if spec is not None and spec.elementwise and kinds == {ROWS}:
     return ROWS
   if op in ("Shape", "Size") and kinds == {INDEX}:
@@ -70,6 +78,11 @@ def _output_kind(op: str, read: list[tuple[int, str]]) -> str | None | bool:
   if _is_segment_reduction(op) and read == [(2, COUNT)]:
     return ROWS   # as many segments as unique ids
   return False
+
+
+def is_padding_index(runtime, indices) -> bool:
+  """Whether `indices` are padded unique ids (a gather's bounds check then skips the padding)."""
+  return getattr(runtime.padded.get(id(indices)), "kind", None) == INDEX
 
 
 def mark_outputs(runtime, node, inputs, out, plan: tuple[str, Padded]) -> None:

@@ -39,9 +39,12 @@ class OpRule:
   # arithmetic, slicing, reductions, products; constant folding bounds its size without running it
   size_bounded: bool = False
   elementwise: bool = False      # entry by entry, inputs broadcast against each other
-  # the input holding row indices into a variable (axis 0); rows whose index is out of range are
-  # dropped (scatters into variables, sparse optimizer updates)
-  row_indices: int | None = None
+  # the input holding row indices into axis 0 of a variable or tensor: `scatter_indices` for
+  # scatters into variables and sparse optimizer updates (rows with an out-of-range index are
+  # dropped), `gather_indices` for gathers whose result's rows follow the indices' (when their
+  # axis and batch_dims are 0)
+  scatter_indices: int | None = None
+  gather_indices: int | None = None
 
   def __call__(self, ctx, *inputs):
     return self.fn(ctx, *inputs)
@@ -53,7 +56,8 @@ _RULES: dict[str, OpRule] = {}
 def register(*op_types: str, needs_rng: bool = False, writes_state: bool = False,
              stateful: bool = False, structural: bool = False, tier: Tier = Tier.NATIVE,
              check: Callable | None = None, convolution: bool = False, size_bounded: bool = False,
-             elementwise: bool = False, row_indices: int | None = None):
+             elementwise: bool = False, scatter_indices: int | None = None,
+             gather_indices: int | None = None):
   """Registers the decorated `fn(ctx, *inputs)` for each of `op_types` (literal op names).
 
   `check(node)`, when given, runs at conversion time for every node of these types that
@@ -70,7 +74,7 @@ def register(*op_types: str, needs_rng: bool = False, writes_state: bool = False
                           stateful=stateful or writes_state or needs_rng, structural=structural,
                           tier=tier, check=check, convolution=convolution,
                           size_bounded=size_bounded or elementwise, elementwise=elementwise,
-                          row_indices=row_indices)
+                          scatter_indices=scatter_indices, gather_indices=gather_indices)
     return fn
   return decorator
 

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from jaxport.convert import export_marks
+from jaxport.convert import export_marks, padded_rows
 from jaxport.convert.ops._util import is_concrete, xp
 from jaxport.convert.ops.array import _axis, _dtype, _static, _static_int
 from jaxport.convert.ops.core import runtime_check
@@ -45,6 +45,8 @@ def _check_bounds(ctx, indices, dims) -> None:
   m = xp(indices)
   bound = m.asarray(dims, dtype=np.asarray(indices).dtype if is_concrete(indices) else indices.dtype)
   ok = (indices >= 0) & (indices < bound)
+  if padded_rows.is_padding_index(ctx.runtime, indices):   # Unique's padding ids, dropped later
+    ok = ok | (indices == m.iinfo(indices.dtype).max)
   first_bad = m.reshape(indices, (-1,))[m.argmin(m.reshape(ok, (-1,)))] if np.size(indices) else 0
   runtime_check(ctx, ok, f"index {{}} is not in [0, {dims}) (indices of shape {np.shape(indices)})", first_bad)
 
@@ -73,12 +75,12 @@ def _gather_axis(ctx, params, indices, axis: int, batch_dims: int):
   return out
 
 
-@register("Gather", size_bounded=True)
+@register("Gather", size_bounded=True, gather_indices=1)
 def gather(ctx, params, indices):
   return _gather_axis(ctx, params, indices, 0, 0)
 
 
-@register("GatherV2", size_bounded=True)
+@register("GatherV2", size_bounded=True, gather_indices=1)
 def gather_v2(ctx, params, indices, axis):
   batch_dims = ctx.attr("batch_dims", 0)
   if batch_dims < 0:

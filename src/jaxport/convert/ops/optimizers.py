@@ -48,7 +48,7 @@ def _optimizer(*op_types: str) -> Callable:
     sparse = [op for op in op_types if op.startswith("ResourceSparse")]
     register(*[op for op in op_types if op not in sparse], writes_state=True, structural=True)(rule)
     if sparse:   # `indices` follows `grad`
-      register(*sparse, writes_state=True, structural=True, row_indices=grad_at + 1)(rule)
+      register(*sparse, writes_state=True, structural=True, scatter_indices=grad_at + 1)(rule)
     return update
   return decorator
 

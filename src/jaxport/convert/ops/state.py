@@ -41,7 +41,7 @@ def var_is_initialized(ctx, ref):
   return np.bool_(True)
 
 
-@register("ResourceGather", structural=True)
+@register("ResourceGather", structural=True, gather_indices=1)
 def resource_gather(ctx, ref, indices):
   """A gather from a variable along axis 0 (tf_keras Embedding)."""
   from jaxport.convert.ops.gather_scatter import gather_v2

@@ -29,7 +29,7 @@ _RESOURCE_SCATTER = {"ResourceScatterUpdate": "set", "ResourceScatterAdd": "add"
                      "ResourceScatterMin": "min"}
 
 
-@register(*_RESOURCE_SCATTER, writes_state=True, structural=True, row_indices=1)
+@register(*_RESOURCE_SCATTER, writes_state=True, structural=True, scatter_indices=1)
 def resource_scatter(ctx, ref, indices, updates):
   """Rows of the variable (axis 0) at `indices`; a scalar `updates` applies to every picked row."""
   var = ctx.runtime.read_variable(ref)
