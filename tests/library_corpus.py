@@ -52,10 +52,11 @@ def _magnitude(leaves) -> float:
   return max([float(x[np.isfinite(x)].max(initial=0)) for x in finite] + [0.0])
 
 
-def assert_close(actual, expected, what, rtol=RTOL, exact=False):
-  """Each leaf within rtol of TF's, with an absolute floor of rtol times the output's magnitude."""
+def assert_close(actual, expected, what, rtol=RTOL, exact=False, atol=0.0):
+  """Each leaf within rtol of TF's, with an absolute floor of rtol times the output's magnitude
+  (or `atol`, if larger)."""
   tree.assert_same_structure(expected, actual, check_types=False)
-  floor = rtol * _magnitude(tree.flatten(expected))
+  floor = max(atol, rtol * _magnitude(tree.flatten(expected)))
   for a, e in zip(tree.flatten(actual), tree.flatten(expected)):
     a, e = _np(a), _np(e)
     assert a.shape == e.shape, f"{what}: shape {a.shape} != TF {e.shape}"
@@ -81,9 +82,10 @@ def _is_float(x) -> bool:
 
 
 def check_program(name: str, library: str, fn, *args, grad=True, exact=False, rtol=RTOL, grad_rtol=None,
-                  variables_changed=False):
+                  variables_changed=False, variables_atol=0.0):
   """Converts `fn(*args)` and checks it against TF; returns (jax_fn, params). `exact`: outputs must be
-  bit-equal (stateless sampling). `variables_changed`: `fn` assigns variables; compare them too."""
+  bit-equal (stateless sampling). `variables_changed`: `fn` assigns variables; compare them too, each
+  within rtol of its magnitude or `variables_atol` (for updates that are float noise in TF too)."""
   tf_fn = tf.function(fn)
   jax_fn, convert_s = _timed(lambda: jaxport.convert(tf_fn, *args))
   jax_fn, params = jax_fn
@@ -107,8 +109,8 @@ def check_program(name: str, library: str, fn, *args, grad=True, exact=False, rt
   if variables_changed:
     assert changed, f"{name}: TF assigned no variable"
     for k in changed:
-      assert_close(new_params[k], expected_vars[k], f"{name}: variable {k} (eager)", rtol)
-      assert_close(jit_params[k], expected_vars[k], f"{name}: variable {k} (jit)", rtol)
+      assert_close(new_params[k], expected_vars[k], f"{name}: variable {k} (eager)", rtol, atol=variables_atol)
+      assert_close(jit_params[k], expected_vars[k], f"{name}: variable {k} (jit)", rtol, atol=variables_atol)
     checks.append("state")
   if exact:
     checks.append("exact")

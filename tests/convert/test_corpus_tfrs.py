@@ -1,5 +1,5 @@
 """A corpus of TF Recommenders 0.7.7 programs: two-tower retrieval (BruteForce top-k, the Retrieval
-task's loss) and a deep & cross network (DCN).
+task's loss, a training step with Adagrad's sparse updates) and a deep & cross network (DCN).
 
 TFRS is written for Keras 2: its layers are built with `tf.keras` routed to tf_keras (what
 `TF_USE_LEGACY_KERAS=1` does for a whole process). Each converts, matches TF eager and under
@@ -54,6 +54,29 @@ def retrieval_task_loss():
   return fn, (_ids(BATCH, USERS, 3), _ids(BATCH, ITEMS, 4)), {}
 
 
+def retrieval_training_step():
+  """One training step of the TFRS tutorial's two-tower model: the Retrieval loss, then Adagrad. The
+  embeddings' sparse gradients are summed per id with tf.unique (padded under jit) and scattered."""
+  query, candidate = _tower(USERS, 0), _tower(ITEMS, 1)
+  for tower in (query, candidate):   # logits of order 1: at the default scale the softmax is uniform and
+    tower.layers[0].embeddings.assign(tower.layers[0].embeddings * 30)   # the biases' gradients cancel to noise
+  task = tfrs.tasks.Retrieval()
+  optimizer = keras.optimizers.Adagrad(0.1)
+  variables = query.trainable_variables + candidate.trainable_variables
+  optimizer.build(variables)
+
+  def fn(users, items):
+    with tf.GradientTape() as tape:
+      loss = task(query(users), candidate(items), compute_metrics=False)
+    optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+    return loss
+  users, items = _ids(BATCH, USERS, 3), _ids(BATCH, ITEMS, 4)
+  users[1], items[2] = users[0], items[0]   # repeated ids: rows summed, and the padding used
+  # The candidate tower's bias gradient is zero (each softmax row sums to 1): TF's and ours are float
+  # noise (~1e-7), so the variables are compared to 1e-6 absolute; the embeddings move by ~1e-1.
+  return fn, (users, items), {"grad": False, "variables_changed": True, "variables_atol": 1e-6}
+
+
 def dcn():
   """A deep & cross network: two low-rank cross layers beside a deep tower, then a logit."""
   keras.utils.set_random_seed(0)
@@ -70,8 +93,8 @@ def dcn():
   return fn, (x0,), {}
 
 
-CORPUS = {f.__name__: f for f in [retrieval_brute_force, retrieval_task_loss, dcn]}
-IN_CI = ["retrieval_brute_force", "dcn"]
+CORPUS = {f.__name__: f for f in [retrieval_brute_force, retrieval_task_loss, retrieval_training_step, dcn]}
+IN_CI = ["retrieval_brute_force", "retrieval_training_step", "dcn"]
 
 
 @pytest.mark.slow
