@@ -330,6 +330,11 @@ TF1_OPTIMIZERS = {   # tf.compat.v1.train optimizers: dense ops for a matrix, sp
              {"ResourceApplyFtrlV2", "ResourceSparseApplyFtrlV2"}),
     "centered-rmsprop": (lambda: tf.compat.v1.train.RMSPropOptimizer(0.01, momentum=0.5, centered=True),
                          {"ResourceApplyCenteredRMSProp", "ResourceSparseApplyCenteredRMSProp"}),
+    "adam": (lambda: tf.compat.v1.train.AdamOptimizer(0.01), {"ResourceApplyAdam", "ResourceScatterAdd"}),
+    "adadelta": (lambda: tf.compat.v1.train.AdadeltaOptimizer(1.0),
+                 {"ResourceApplyAdadelta", "ResourceSparseApplyAdadelta"}),
+    "proximal-adagrad": (lambda: tf.compat.v1.train.ProximalAdagradOptimizer(0.1, l1_regularization_strength=0.01),
+                         {"ResourceApplyProximalAdagrad", "ResourceSparseApplyProximalAdagrad"}),
 }
 
 
