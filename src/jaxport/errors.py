@@ -140,7 +140,7 @@ class DynamicLoopError(DynamicShapeError):
 class PaddedSizeError(DynamicShapeError):
   """A Unique's outputs, sized by the number of distinct values, are padded to their bound under
   jit; a node uses them in a way the padding would change (anything but per-row math ending in a
-  scatter into a variable)."""
+  scatter into a variable or a gather at Unique's `idx`)."""
 
   def __init__(self, origin: str, rows: int, op: str | None, node: str):
     """`op` None: `node` names a function whose outputs include a padded value."""
@@ -150,8 +150,8 @@ class PaddedSizeError(DynamicShapeError):
         self,
         f"Unique node {origin!r} has as many outputs as distinct values, known only at run time. Traced "
         f"(under jax.jit, vmap or grad, or inside a TF loop) they are padded to {rows}, which is exact "
-        "while they only pick and update rows of a variable (a sparse gradient summed per id, then "
-        f"scattered), but {user}. Call the converted function without "
+        "while they only pick, combine and scatter rows (a sparse gradient summed per id and scattered "
+        f"into a variable, a lookup deduplicated first), but {user}. Call the converted function without "
         "jax.jit (its inputs are then concrete), or keep the unique values inside such an update in TF.")
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import jaxport
 from jaxport.errors import DynamicShapeError, PaddedSizeError
-from oracle import assert_close
+from oracle import assert_close, check
 
 VOCAB = 9
 
@@ -174,3 +174,17 @@ def test_rows_gathered_at_the_ids_match_tf_under_jit(checkify_asserts):
   assert_close(position, expected_position, 0, 0, "positions")
   for key, value in expected.items():
     assert_close(new_params[key], value, 1e-6, 1e-6, key)
+
+
+def test_lookup_deduplicated_first_matches_tf():
+  """`tf.gather(f(tf.gather(table, unique)), idx)`: each distinct id looked up once, then spread back
+  by Unique's `idx`, which reads real rows only. Values, jit, grad (to the table) and vmap against TF."""
+  table = np.random.RandomState(3).normal(size=(VOCAB, 4)).astype(np.float32)
+
+  def lookup(table, ids):
+    unique, idx = tf.unique(ids)
+    rows = tf.tanh(tf.gather(table, unique)) * 2.0
+    return tf.gather(rows, idx)
+
+  check(lookup, table, np.array([5, 2, 5, 7, 2, 2], np.int32))
+  check(lookup, table, np.array([0, 1, 2, 3], np.int32))   # all distinct: no padding

@@ -9,8 +9,10 @@ scatter drops out-of-range rows, so the variable ends up as in TF.
 That holds only while every use of a padded value works row by row and ends in such a scatter.
 The interpreter asks `use` before each node that reads a padded value and `mark_outputs` after it.
 Gathers at the padded ids may come in between (the new tf_keras optimizers read their slots' rows):
-their padding rows are clamped reads, later dropped. Any other use (a reduction, a function output, a
-loop) raises `PaddedSizeError` before it runs.
+their padding rows are clamped reads, later dropped. A gather from padded rows at other indices ends
+the padding too (`tf.gather(tf.gather(table, unique), idx)`, a lookup deduplicated first): Unique's
+`idx` reads real rows only. Any other use (a reduction, a function output, a loop) raises
+`PaddedSizeError` before it runs.
 """
 from __future__ import annotations
 
@@ -68,7 +70,10 @@ def _output_kind(node, inputs, read: list[tuple[int, str]]) -> str | None | bool
     axis = inputs[2] if len(inputs) > 2 else 0   # a traced axis is no constant: refused
     axis = axis if isinstance(axis, (int, np.integer, np.ndarray)) else None
     along_rows = axis is not None and np.ndim(axis) == 0 and int(axis) == 0 and not node.attrs.get("batch_dims")
-    return ROWS if along_rows and read == [(spec.gather_indices, INDEX)] else False
+    if along_rows and read == [(spec.gather_indices, INDEX)]:
+      return ROWS
+    # rows of padded values read at other indices (Unique's `idx`: real rows only): not padded
+    return None if along_rows and read == [(0, ROWS)] else False
   if spec is not None and spec.elementwise and kinds == {ROWS}:
     return ROWS
   if op in ("Shape", "Size") and kinds == {INDEX}:

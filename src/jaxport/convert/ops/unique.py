@@ -3,8 +3,8 @@
 Their output size is the number of distinct values. With concrete inputs (constants, or a call
 without jit) the outputs have TF's shapes. Under jit, a vector of integer ids is deduplicated
 into outputs padded to its length (`convert/padded_rows.py` says which uses that allows:
-optimizers summing a sparse gradient per id, then scattering it into a variable); other traced
-inputs raise `DynamicShapeError`.
+optimizers summing a sparse gradient per id, then scattering it into a variable, or a lookup
+deduplicated first); other traced inputs raise `DynamicShapeError`.
 """
 from __future__ import annotations
 
