@@ -1,8 +1,10 @@
 """A corpus of Sonnet 2 programs: the guide's MLP, a ResNet-50-deep ResNet with BatchNorm in training
-mode, LSTM static and dynamic unrolls, a VQ-VAE quantizer with EMA updates.
+mode, LSTM static and dynamic unrolls, a VQ-VAE quantizer with EMA updates, an embedding's training
+step with Sonnet's Adam (sparse updates).
 
 Each converts, matches TF eager and under `jax.jit` (assigned variables too: BatchNorm's moving
-statistics, the EMA codebook), and takes `jax.grad` against `tf.GradientTape`.
+statistics, the EMA codebook, the optimizer's slots), and takes `jax.grad` against `tf.GradientTape`
+(not the training step, whose output is its loss before the update).
 """
 import numpy as np
 import pytest
@@ -84,10 +86,30 @@ def vqvae_ema():
   return fn, (x,), dict(variables_changed=True)
 
 
+def embed_adam_step():
+  """A training step of `snt.Embed` + `snt.Linear` with `snt.optimizers.Adam`: the embedding's sparse
+  gradient deduplicated with tf.unique (padded under jit), the slots' rows gathered and scattered."""
+  ids = np.array([[3, 5, 3], [5, 5, 1]], np.int32)   # repeated ids
+  targets = np.array([[1.0], [-1.0]], np.float32)
+  tf.random.set_seed(0)
+  embed, head, optimizer = snt.Embed(vocab_size=12, embed_dim=4), snt.Linear(1), snt.optimizers.Adam(0.01)
+  embed(ids), head(tf.zeros((1, 12)))   # Sonnet makes its variables on the first call
+  variables = embed.trainable_variables + head.trainable_variables
+
+  def step(ids, targets):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.square(head(tf.reshape(embed(ids), (2, 12))) - targets))
+    optimizer.apply(tape.gradient(loss, variables), variables)
+    return loss
+  step(ids, targets)   # makes the optimizer's slots
+  return step, (ids, targets), dict(variables_changed=True, grad=False)
+
+
 CORPUS = {f.__name__: f for f in [
     mlp, resnet50_batchnorm_training, resnet_batchnorm_eval, lstm_static_unroll, lstm_dynamic_unroll, vqvae_ema,
+    embed_adam_step,
 ]}
-IN_CI = ["mlp", "resnet50_batchnorm_training", "lstm_dynamic_unroll", "vqvae_ema"]
+IN_CI = ["mlp", "resnet50_batchnorm_training", "lstm_dynamic_unroll", "vqvae_ema", "embed_adam_step"]
 
 
 @pytest.mark.slow
