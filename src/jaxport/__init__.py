@@ -14,8 +14,8 @@ from jaxport.convert.graph_def import convert_functional_graph_def, convert_grap
 from jaxport.convert.inspect import InspectReport, inspect
 from jaxport.errors import (ArtifactError, AssertionFailedError, ConfigError, DeviceMismatchError, DtypeCastWarning,
                             DtypeMismatchError, DynamicLoopError, DynamicShapeError, JaxportError, MissingInputError,
-                            PaddedSizeError, ShapeMismatchError, ShardedArrayError, SignatureError, StableHLOError, StaticArgumentError,
-                            UnsupportedOperationsError, UnsupportedValueError, ZeroCopyError)
+                            PaddedSizeError, ShapeMismatchError, ShardedArrayError, SignatureError, StableHLOError,
+                            StaticArgumentError, UnsupportedOperationsError, UnsupportedValueError, ZeroCopyError)
 from jaxport.interop import shares_memory, to_cupy, to_jax, to_numpy, to_tf, to_torch
 from jaxport.sharding import fsdp_shardings, shard_params
 from jaxport.xla_options import jit

@@ -85,15 +85,20 @@ def _output_kind(node, inputs, read: list[tuple[int, str]]) -> str | None | bool
   return False
 
 
+def _kind(runtime, x) -> str | None:
+  padded = runtime.padded.get(id(x))
+  return padded.kind if padded is not None else None
+
+
 def is_padding_index(runtime, indices) -> bool:
   """Whether `indices` are padded unique ids (a gather's bounds check then skips the padding)."""
-  return getattr(runtime.padded.get(id(indices)), "kind", None) == INDEX
+  return _kind(runtime, indices) == INDEX
 
 
 def mark_outputs(runtime, node, inputs, out, plan: tuple[str, Padded]) -> None:
   """Marks `node`'s outputs as `plan` says, once their shapes confirm the padding stays on axis 0."""
   kind, source = plan
-  row_ranks = {np.ndim(x) for x in inputs if getattr(runtime.padded.get(id(x)), "kind", None) == ROWS}
+  row_ranks = {np.ndim(x) for x in inputs if _kind(runtime, x) == ROWS}
   for leaf in out if isinstance(out, (tuple, list)) else [out]:
     shape = np.shape(leaf)
     if kind == COUNT:
