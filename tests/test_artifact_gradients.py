@@ -220,3 +220,33 @@ def test_loaded_depthwise_filter_gradient_keeps_the_variadic_reduce(tmp_path, po
   reduces = [line for line in jax.jit(jax.grad(loss)).lower(loaded_params).as_text().splitlines()
              if "stablehlo.reduce(" in line]
   assert any(line.count("%") >= 18 for line in reduces), reduces
+
+
+@pytest.mark.parametrize("polymorphic", [False, True], ids=["fixed_batch", "symbolic_batch"])
+def test_loaded_winograd_conv_differentiates_without_scatters(tmp_path, polymorphic):
+  # The Winograd conv's values are gathers; its derivatives are those of the sliced form (transposed to
+  # pads, `conv_lowering._winograd`). Exported as plain gathers, the loaded artifact would transpose them to
+  # scatter-adds, which XLA:CPU runs serially; the mark keeps the rule.
+  rs = np.random.RandomState(0)
+  x = rs.normal(size=(2, 16, 16, 64)).astype(np.float32)
+  w = tf.Variable((rs.normal(size=(3, 3, 64, 8)) / 24).astype(np.float32))
+  fn = tf.function(lambda x: tf.nn.conv2d(x, w, 1, "SAME"))
+  jax_fn, params = jaxport.convert(fn, tf.TensorSpec([None, 16, 16, 64], tf.float32))
+  assert "stablehlo.gather" in jax.jit(jax_fn).lower(params, x).as_text()   # the Winograd path was taken
+  if polymorphic:
+    jaxport.export(jax_fn, params, path=tmp_path / "wino", platforms=("cpu", "cuda"), batch_polymorphic=True)
+  else:
+    jaxport.export(jax_fn, params, x, path=tmp_path / "wino", platforms=("cpu",))
+  loaded, loaded_params = jaxport.load(tmp_path / "wino")
+  np.testing.assert_allclose(jax.jit(loaded)(loaded_params, x)[0], fn(x), rtol=1e-4, atol=1e-4)
+  loss = lambda p, x: (loaded(p, x)[0] ** 2).sum()
+  x_tf = tf.constant(x)
+  with tf.GradientTape() as tape:
+    tape.watch(x_tf)
+    value = tf.reduce_sum(fn(x_tf) ** 2)
+  want_x, want_w = tape.gradient(value, [x_tf, w])
+  got_p, got_x = jax.jit(jax.grad(loss, (0, 1)))(loaded_params, x)
+  (got_w,) = jax.tree.leaves(got_p)
+  np.testing.assert_allclose(got_w, want_w, rtol=1e-4, atol=1e-4 * float(np.abs(want_w).max()))
+  np.testing.assert_allclose(got_x, want_x, rtol=1e-4, atol=1e-4 * float(np.abs(want_x).max()))
+  assert "scatter" not in jax.jit(jax.grad(loss, (0, 1))).lower(loaded_params, x).as_text()

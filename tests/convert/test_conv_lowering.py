@@ -2,6 +2,7 @@
 import hypothesis
 import hypothesis.strategies as st
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -132,6 +133,56 @@ def test_lowering_matches_lax(name, n, h, w, cin, cout, kh, kw, stride, dilation
   expected = _lax_conv(x, k, spec)
   actual = jax.jit(lambda x, k: cl.LOWERINGS[name](x, k, spec))(x, k)
   np.testing.assert_allclose(actual, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
+@hypothesis.settings(max_examples=10, deadline=None)
+@hypothesis.given(n=st.integers(1, 2), h=st.integers(1, 9), w=st.integers(1, 9), cin=st.integers(1, 5),
+                  cout=st.integers(1, 4), padding=st.sampled_from(["SAME", "VALID"]), nchw=st.booleans(),
+                  special=st.sampled_from([None, np.inf, np.nan]))
+def test_winograd_gathered_values_and_sliced_derivatives(n, h, w, cin, cout, padding, nchw, special):
+  # The Winograd conv's values come from constant-index gathers (cheaper to compile), its derivatives from
+  # the strided-slice form: both equal to the sliced form's own, infs and NaNs included.
+  if padding == "VALID" and min(h, w) < 3:
+    padding = "SAME"
+  spec = _spec(strides=[1, 1, 1, 1], padding=padding, data_format="NCHW" if nchw else "NHWC")
+  x = normal(n, cin, h, w) if nchw else normal(n, h, w, cin)
+  if special is not None:
+    x.flat[len(x.flat) // 2] = special
+  k = normal(3, 3, cin, cout, seed=1)
+
+  def sliced(x, k):
+    padded, (oh, ow) = cl._padded_nhwc(x, k, spec)
+    padded = jnp.pad(padded, [(0, 0), (0, -(-oh // 2) * 2 + 2 - padded.shape[1]),
+                              (0, -(-ow // 2) * 2 + 2 - padded.shape[2]), (0, 0)])
+    return cl._from_nhwc(cl._winograd_sliced(padded, k, 2)[:, :oh, :ow], spec)
+
+  winograd = lambda x, k: cl.conv_winograd(x, k, spec)
+  # XLA may contract a product and a sum differently in the two forms (a 1-channel case differed by an ulp).
+  close = lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+  close(jax.jit(winograd)(x, k), jax.jit(sliced)(x, k))
+  close(jax.jit(jax.vmap(winograd))(x[None], k[None])[0], jax.jit(sliced)(x, k))
+  tangents = (normal(*x.shape, seed=2), normal(*k.shape, seed=3))
+  jvp = lambda f: jax.jit(lambda x, k, dx, dk: jax.jvp(f, (x, k), (dx, dk)))
+  for got, want in zip(jvp(winograd)(x, k, *tangents), jvp(sliced)(x, k, *tangents)):
+    close(got, want)
+  loss = lambda f: lambda x, k: (jnp.nan_to_num(f(x, k)) ** 2).sum()
+  grads = lambda f, argnums: jax.jit(jax.grad(loss(f), argnums))(x, k)
+  for got, want in zip(grads(winograd, (0, 1)), grads(sliced, (0, 1))):
+    close(got, want)
+  close(grads(winograd, 1), grads(sliced, 1))   # a symbolic zero tangent for x
+
+
+def test_winograd_compiles_gathers_forward_and_no_scatter_backward():
+  # Forward: the tiles and both transforms are gathers, not 16 strided slices (one XLA:CPU fusion per
+  # slice, ~20 ms of compile each); backward: pads and slices (a gather's transpose, scatter-add, runs
+  # serially on XLA:CPU).
+  spec = _spec(strides=[1, 1, 1, 1], padding="SAME")
+  x, k = normal(2, 16, 16, 64), normal(3, 3, 64, 8, seed=1)
+  forward = jax.jit(lambda x, k: cl.conv_winograd(x, k, spec)).lower(x, k).as_text()
+  assert forward.count("stablehlo.gather") >= 6 and forward.count("stablehlo.slice") <= 1, forward
+  backward = jax.jit(jax.grad(lambda x, k: (cl.conv_winograd(x, k, spec) ** 2).sum(), (0, 1))).lower(x, k)
+  assert "scatter" not in backward.as_text() and backward.as_text().count("stablehlo.slice") >= 16
 
 
 def test_winograd4_float32_error_bound():
