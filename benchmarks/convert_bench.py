@@ -29,12 +29,17 @@ mode: BatchNorm batch statistics and moving averages; softmax cross-entropy, Ada
 writes it -- `jax.grad` and an optax update inside their own `jax.jit` -- against TF's `GradientTape`
 + `apply_gradients` in a `tf.function` (and with `jit_compile=True`).
 
+The compile section (`_compile_time.py`, asked for by name): from a built Keras application to its first
+result at batch 2, jaxport (convert, then a plain `jax.jit`: trace, lower, compile, first call) against
+TF XLA (trace, first call), each side cold in its own process.
+
 The tier-2 row: conversion-time cost per node of TF's XLA lowering, for ops without a
 native rule.
 
   python benchmarks/convert_bench.py [--models ResNet50,MobileNetV2,LSTM] [--batches 2,32] [--repeats 7]
                                      [--batch 4] [--train-models ResNet50] [--train-batch 8]
-                                     [--sections tier2,jax2tf,load,params_copy,train,models]
+                                     [--sections tier2,jax2tf,load,params_copy,train,models,compile]
+                                     [--compile-repeats 3]
 """
 from __future__ import annotations
 
@@ -55,7 +60,7 @@ import numpy as np  # noqa: E402
 
 HERE = pathlib.Path(__file__).parent
 sys.path.insert(0, str(HERE))
-from _bench_models import ALL_MODELS, build_model, example_input  # noqa: E402
+from _bench_models import ALL_MODELS, APPLICATIONS, build_model, example_input  # noqa: E402
 from _timing import block, interleaved, timed  # noqa: E402
 
 # "jaxport": `jaxport.jit` (jax.jit with jaxport's tuned XLA options, jaxport/xla_options.py);
@@ -72,11 +77,14 @@ def main() -> None:
   parser.add_argument("--out", default=str(HERE / "out"))
   parser.add_argument("--train-models", default="ResNet50,MobileNetV2", help="models of the train section")
   parser.add_argument("--train-batch", type=int, default=8, help="batch size of the train section")
+  parser.add_argument("--compile-repeats", type=int, default=3, help="cold processes per side (compile section)")
   parser.add_argument("--sections", default="tier2,jax2tf,load,params_copy,train,models",
                       help="comma-separated: tier2 (lowering cost per node), jax2tf (round trip), "
                            "load (artifact vs SavedModel), params_copy (call forms and donation), "
                            "train (a training step in the user's own jax.jit vs TF's GradientTape step), "
-                           "models (Keras applications vs TF, Keras-on-JAX and tf2jax)")
+                           "models (Keras applications vs TF, Keras-on-JAX and tf2jax), "
+                           "compile (conversion + first compile vs TF XLA's first call, cold processes, batch 2; "
+                           "not in the default run)")
   args = parser.parse_args()
   sections = set(args.sections.split(","))
 
@@ -98,6 +106,9 @@ def main() -> None:
   if "train" in sections:
     from _train_step import train_step_rows
     train_step_rows(console, args.train_models.split(","), args.train_batch, args.repeats)
+  if "compile" in sections:
+    from _compile_time import compile_rows
+    compile_rows(console, [m for m in args.models.split(",") if m in APPLICATIONS], 2, args.compile_repeats)
   if "models" in sections:
     batches = [int(b) for b in args.batches.split(",")]
     rows = models_rows(console, args.models.split(","), batches, args.repeats)

@@ -9,7 +9,10 @@ strides, dilations, `pads(spatial_shape, window)`). They work in NHWC internally
   * `conv_im2col`: the taps' slices concatenated along channels, then one GEMM.
   * `conv_winograd`: Winograd F(m x m, 3 x 3) for stride-1, undilated 3x3 convs (m = 2 or 4):
     input tile transform, one batched GEMM over the (m+2)^2 transformed positions, output
-    transform. F(4,3) uses Lavin & Gray's points (0, +-1, +-2, inf).
+    transform. F(4,3) uses Lavin & Gray's points (0, +-1, +-2, inf). Its values come from
+    constant-index gathers (two XLA:CPU fusions, where strided slices per tile position made 17 at
+    ~20 ms of compile each), its derivatives from the strided slices (transposed to pads, not the
+    gathers' serial scatter-adds): a `custom_jvp`, marked for export.
 
 `choose_cpu_lowering` picks one per shape from benchmarks/conv_lowering_bench.py's measurements.
 """
