@@ -202,7 +202,7 @@ def _winograd_jvp(m, primals, tangents):
 
 
 def _tiles(x, m: int):
-  """(th, tw), each tile's origin: tiles start at multiples of m and span m + 2."""
+  """The tile counts (th, tw) of a padded input whose tiles start at multiples of m and span m + 2."""
   return (x.shape[1] - 2) // m, (x.shape[2] - 2) // m
 
 
