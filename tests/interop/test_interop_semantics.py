@@ -324,3 +324,22 @@ def test_jax_leaf_converter_matches_to_jax():
     y = convert(leaf)
     assert isinstance(y, jax.Array) and y.devices() == {device}
     np.testing.assert_array_equal(np.asarray(y), np.asarray(interop.to_numpy(leaf)))
+
+
+def test_jax_leaf_converter_repeats_share_and_follow_x64():
+  # Its cached runners (keyed by adapter, dtype, device and the x64 flag) must convert later
+  # tensors exactly as the first: shared, of the right dtype, x64 toggles included.
+  from jaxport.interop.convert import jax_leaf_converter
+  convert = jax_leaf_converter(jax.devices("cpu")[0])
+  for round_ in range(3):
+    for dtype in (tf.float32, tf.uint8, tf.bfloat16):
+      x = tf.cast(tf.range(8) + round_, dtype)
+      y = convert(x)
+      np.testing.assert_array_equal(np.asarray(y, np.float32), x.numpy().astype(np.float32))
+      assert y.dtype == x.numpy().dtype and interop.shares_memory(x, y)
+    wide = tf.constant([1, 2 + round_], tf.int64)
+    assert convert(wide).dtype == jnp.int32
+    with jax.enable_x64(True):
+      assert convert(wide).dtype == jnp.int64 and interop.shares_memory(wide, convert(wide))
+    variable = tf.Variable([1.0, float(round_)])  # no plan key: planned per call
+    np.testing.assert_array_equal(np.asarray(convert(variable)), [1.0, round_])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, Callable, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -153,6 +153,12 @@ class Framework:
     (`consumer_immutable`: the consumer never writes the buffer)."""
     return x if send == buf.dtype else self.view(x, send)
 
+  def exporter(self, buf: Buffer, send: np.dtype,
+               consumer_immutable: bool) -> Callable[[Any], Any]:
+    """`producer` for any array described like `buf` (repeated conversions), with what it
+    decides from `buf` decided once."""
+    return lambda x: self.producer(x, buf, send, consumer_immutable)
+
   def compact(self, x: Any) -> Any:
     """A fresh, compact, row-major, 64-byte-aligned copy of `x`, in this framework."""
     raise NotImplementedError
@@ -180,6 +186,10 @@ class Framework:
   def import_(self, producer: Any, device: Device, native: Any, copy: bool | None) -> Any:
     """Zero-copy DLPack import of `producer` (lives on `device`)."""
     raise NotImplementedError
+
+  def importer(self, device: Device, native: Any, copy: bool | None) -> Callable[[Any], Any]:
+    """`import_` for repeated imports from `device` with the same options."""
+    return lambda producer: self.import_(producer, device, native, copy)
 
   def view(self, y: Any, dtype: np.dtype) -> Any:
     """`y` reinterpreted as `dtype` of the same width (zero-copy for dtypes in `views`)."""

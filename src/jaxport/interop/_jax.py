@@ -87,6 +87,14 @@ def _stream(device: jax.Device) -> int | None:
     raise
 
 
+def _import_error(error: jax.errors.JaxRuntimeError) -> Exception:
+  """What a failed DLPack import raises: ZeroCopyError for a misaligned buffer, else `error`."""
+  if "aligned" not in str(error):
+    return error
+  detail = str(error).split(":", 1)[-1].strip()
+  return ZeroCopyError("DLPack", "JAX", [Reason("alignment", detail)])
+
+
 class Jax(_base.Framework):
   name, label, modules = "jax", "JAX", ("jax", "jaxlib")
   immutable = True
@@ -195,10 +203,23 @@ class Jax(_base.Framework):
     try:
       return _raw_import(capsule, target, stream, copy, device[0])
     except jax.errors.JaxRuntimeError as error:
-      if "aligned" not in str(error):
-        raise
-      detail = str(error).split(":", 1)[-1].strip()
-      raise ZeroCopyError("DLPack", "JAX", [Reason("alignment", detail)]) from None
+      raise _import_error(error) from None
+
+  def importer(self, device: _dlpack.Device, native: Any, copy: bool | None):
+    global _raw_import
+    if _raw_import is _UNRESOLVED:
+      _raw_import = _resolve_import()
+    if _raw_import is None or device[0] != _dlpack.CPU:  # devices order by stream, per import
+      return super().importer(device, native, copy)
+    target = native if isinstance(native, jax.Device) else _all_devices()[device]
+    raw, kind = _raw_import, device[0]
+
+    def import_host(producer: Any) -> jax.Array:
+      try:
+        return raw(producer.__dlpack__(stream=None), target, None, copy, kind)
+      except jax.errors.JaxRuntimeError as error:
+        raise _import_error(error) from None
+    return import_host
 
   def copy(self, y: jax.Array) -> jax.Array:
     return jnp.array(y, copy=True)

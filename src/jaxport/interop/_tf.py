@@ -92,6 +92,13 @@ class TensorFlow(_base.Framework):
       self.synchronize(x)  # TF's exporter ignores the consumer's stream
     return _dlpack.CapsuleProducer(self.module.experimental.dlpack.to_dlpack(x), buf.device)
 
+  def exporter(self, buf: Buffer, send: np.dtype, consumer_immutable: bool):
+    if send != buf.dtype or buf.device[0] != _dlpack.CPU:
+      return super().exporter(buf, send, consumer_immutable)
+    to_dlpack, device, producer = (self.module.experimental.dlpack.to_dlpack, buf.device,
+                                   _dlpack.CapsuleProducer)
+    return lambda x: producer(to_dlpack(x), device)
+
   def compact(self, x: Any) -> Any:
     return self.module.raw_ops.DeepCopy(x=x)
 

@@ -115,9 +115,10 @@ def _runner(buf: _base.Buffer, plan: Plan, req: Request) -> Callable[[Any], Any]
       or plan.check_range is not None or plan.wire != plan.send
       or (not dst.takes_stream and buf.device[0] != _dlpack.CPU)):
     return lambda x: _execute(x, buf, plan, req)
-  send, immutable, device = plan.send, dst.immutable, plan.import_device
-  native, copy = req.native, False if req.copy is False else None  # no transfer: a post step
-  return lambda x: dst.import_(src.producer(x, buf, send, immutable), device, native, copy)
+  export = src.exporter(buf, plan.send, dst.immutable)
+  # No transfer: that is a post step.
+  import_ = dst.importer(plan.import_device, req.native, False if req.copy is False else None)
+  return lambda x: import_(export(x))
 
 
 def _plan(x: Any, framework: _base.Framework, earlier: tuple[Reason, ...], req: Request,
@@ -236,7 +237,26 @@ def jax_leaf_converter(device: Any = None, copy: bool | None = None) -> Callable
   """`to_jax` of one array (not a pytree), with the target resolved once: for loops over many
   arrays, such as an input pipeline's leaves."""
   req = _request(JAX, device, copy, False)
-  return lambda x: _leaf(x, req, "split", False)
+  if req.copy is False or JAX.needs_exact:
+    return lambda x: _leaf(x, req, "split", False)
+  runners: dict[tuple, Callable[[Any], Any]] = {}  # _REPEATS' runners for `req`, keyed cheaper
+
+  def convert(x: Any) -> jax.Array:
+    framework = _base.owner(x)
+    if framework is not None and framework is not JAX and framework is not NUMPY:
+      key = framework.plan_key(x)
+      if key is not None:
+        key = (framework, key, JAX.cache_token)
+        run = runners.get(key)
+        if run is None:
+          y = _leaf(x, req, "split", False)
+          run = _REPEATS.get((key[0], key[1], req, key[2]))
+          if run is not None:
+            runners[key] = run
+          return y
+        return run(x)
+    return _leaf(x, req, "split", False)
+  return convert
 
 
 def to_torch(x: Any, *, device: Any = None, copy: bool | None = None, writable: bool = False,
