@@ -212,3 +212,29 @@ def test_symbolic_checkpointing_set_by_the_user_resumes_exactly():
   head = run(first, 13, working=True)
   resumed = jaxport.data.loader(make(), batch_size=3, state=json.loads(json.dumps(first.state())))
   assert_batches_equal(head + run(resumed, 7), expected)
+
+
+def test_each_epoch_makes_only_its_own_iterator():
+  # The next epoch's iterator is made when that epoch starts: a loader used for one epoch makes
+  # (and snapshots) none it would not read, and states at the boundary still resume exactly.
+  loader = jaxport.data.loader(typical(), batch_size=4, prefetch=2)
+  run(loader, 10)
+  assert list(itertools.islice(loader, 1)) == []  # ends epoch 0
+  assert loader._source._made == 1
+  boundary = json.loads(json.dumps(loader.state()))  # makes epoch 1's iterator on demand
+  assert loader._source._made == 2 and boundary["step"] == 0
+  rest = run(loader, 10)
+  resumed = jaxport.data.loader(typical(), batch_size=4, prefetch=0, state=boundary)
+  assert_batches_equal(run(resumed, 10), rest)
+
+
+def test_snapshots_are_spaced_by_their_measured_cost():
+  source = jaxport.data.loader(typical(), batch_size=4)._source
+  source._snapshot_s = 0.01
+  due = source._snapshot_due
+  assert due(1, 1, 0.0)  # an epoch without a snapshot takes one after its first batch
+  assert not due(5, None, 0.19) and due(5, None, 0.2)  # then after 20x its cost of reading
+  source._checkpoint_every = 3
+  assert [p for p in range(1, 10) if due(p, None, 1.0)] == [3, 6, 9]
+  source._snapshot_error = "cannot"
+  assert not due(1, 1, 1.0)

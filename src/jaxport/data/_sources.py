@@ -452,7 +452,6 @@ class TFDataSource(Source):
     self._snapshots: dict[int, list[_Snapshot]] = {}  # epoch -> by position
     self._snapshot_error: str | None = None
     self._snapshot_s = 0.0  # how long the latest snapshot took
-    self._batch_s = 0.0  # how long reading a batch takes, on average over the latest epoch
     self._user_dataset = user_dataset
     self._fingerprint: str | None = None  # of the user's pipeline, made when a state needs it
     self._ops: set[str] | None = None  # the pipeline's op types, found when a state needs them
@@ -473,28 +472,26 @@ class TFDataSource(Source):
           raise past_the_end(start, position, "batches")
         position += 1
       read = self._reader.bind(iterator) if self._reader else _read_with_next(iterator)
-      # Then as their cost allows: measured by the earlier epochs, or at once.
-      due = self._next_snapshot(position, self._batch_s) if self._batch_s else position + 1
-      reads, read_s = 0, 0.0
+      # An epoch whose iterator has no snapshot yet (the loader's first) takes one after its first
+      # batch, so that every later step has one to resume from; then as their cost allows.
+      first = position + 1 if not self._snapshots.get(epoch) else None
+      since = 0.0  # reading time since the latest snapshot
       live = self._live = [epoch, iterator, position]  # and the batches read from it
       while True:
         with self._reading:  # record() may snapshot `iterator` between reads
-          if position >= due:
+          if self._snapshot_due(position, first, since):
             self._snapshot(epoch, position, iterator)
-            due = self._next_snapshot(position, read_s / max(reads, 1))
+            first, since = None, 0.0
           began = time.perf_counter()
           batch = read()
-          read_s += time.perf_counter() - began
+          since += time.perf_counter() - began
           if batch is None:
             break
           live[2] = position + 1
-        reads += 1
-        self._batch_s = read_s / reads
         yield batch
         position += 1
-      # The next epoch's iterator (and its first snapshot) is made now, while the consumer still
-      # has batches of this epoch to work on.
-      self._prepare(epoch + 1)
+      # The next epoch's iterator is made when that epoch starts (or record() needs it): a loader
+      # used for one epoch makes none it would not read.
     finally:
       # Deleting a tf.data iterator just after it ends blocks for ~20-300 ms while its threads
       # wind down: `Retired` deletes it in a daemon thread, off the consumer's path.
@@ -548,14 +545,17 @@ class TFDataSource(Source):
       while len(kept) > 2 and kept[2].position <= position - self._trailing:
         del kept[1]
 
-  def _next_snapshot(self, position: int, batch_s: float) -> float:
-    """Where the snapshot after one at `position` is due, reading a batch taking `batch_s`."""
+  def _snapshot_due(self, position: int, first: int | None, since: float) -> bool:
+    """Whether to snapshot before reading batch `position`: at `first`, every `checkpoint_every`
+    batches if given, else once reading since the latest snapshot took 1/_SNAPSHOT_BUDGET times
+    as long as that snapshot (the cost is measured on each, so the spacing follows it)."""
     if self._snapshot_error is not None:
-      return math.inf
+      return False
+    if first is not None and position >= first:
+      return True
     if self._checkpoint_every:
-      return (position // self._checkpoint_every + 1) * self._checkpoint_every
-    return position + (max(1, math.ceil(self._snapshot_s / (_SNAPSHOT_BUDGET * batch_s)))
-                       if batch_s else 1)
+      return position > 0 and position % self._checkpoint_every == 0
+    return since > 0 and since * _SNAPSHOT_BUDGET >= self._snapshot_s
 
   def record(self, epoch: int, step: int) -> Any:
     fail = self._tf.data.experimental.ExternalStatePolicy.FAIL
