@@ -238,3 +238,18 @@ def test_snapshots_are_spaced_by_their_measured_cost():
   assert [p for p in range(1, 10) if due(p, None, 1.0)] == [3, 6, 9]
   source._snapshot_error = "cannot"
   assert not due(1, 1, 1.0)
+
+
+def test_stateful_pipelines_under_fail_explain_how_to_resume():
+  # TF refuses to serialize such a pipeline's graph even with IGNORE passed (the user's FAIL
+  # option wins), which finding its ops for the message needs: the error must still be ours.
+  def draws(i):
+    return tf.cast(i, tf.float32) + tf.random.uniform([])
+  options = tf.data.Options()
+  options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.FAIL
+  pipeline = tf.data.Dataset.range(400).map(draws).with_options(options)
+  loader = jaxport.data.loader(pipeline, batch_size=4, prefetch=2)
+  run(loader, 2, working=True)
+  with pytest.raises(NotResumableError, match="RandomUniform draws from a random generator"):
+    loader.state()
+  loader.close()

@@ -61,11 +61,24 @@ def _dataset_ops() -> Any:
   return gen_dataset_ops
 
 
+def _serialized_graph(tf: Any, dataset: Any, **kwargs) -> bytes:
+  """The pipeline's GraphDef, stateful ops included (serialized with ExternalStatePolicy.IGNORE;
+  where the user's options set FAIL, which TF then honours, through an options stage that
+  overrides it)."""
+  ignore = tf.data.experimental.ExternalStatePolicy.IGNORE
+  try:
+    return dataset._as_serialized_graph(external_state_policy=ignore, **kwargs).numpy()  # pylint: disable=protected-access
+  except tf.errors.FailedPreconditionError:
+    options = tf.data.Options()
+    options.experimental_external_state_policy = ignore
+    return dataset.with_options(options)._as_serialized_graph(  # pylint: disable=protected-access
+        external_state_policy=ignore, **kwargs).numpy()
+
+
 def pipeline_ops(tf: Any, dataset: Any) -> set[str]:
   """The op types of the pipeline's graph, its functions' bodies included."""
   from tensorflow.core.framework import graph_pb2  # pylint: disable=import-outside-toplevel
-  graph = graph_pb2.GraphDef.FromString(dataset._as_serialized_graph(  # pylint: disable=protected-access
-      external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE).numpy())
+  graph = graph_pb2.GraphDef.FromString(_serialized_graph(tf, dataset))
   ops = {node.op for node in graph.node}
   for function in graph.library.function:
     ops.update(node.op for node in function.node_def)
@@ -80,9 +93,7 @@ def pipeline_fingerprint(tf: Any, dataset: Any) -> str:
   pipeline rebuilt by the same code, in this or a later process, gets the same fingerprint. It
   costs one serialization of the graph (constants included)."""
   from tensorflow.core.framework import graph_pb2  # pylint: disable=import-outside-toplevel
-  raw = dataset._as_serialized_graph(  # pylint: disable=protected-access
-      external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE,
-      strip_device_assignment=True).numpy()
+  raw = _serialized_graph(tf, dataset, strip_device_assignment=True)
   graph = graph_pb2.GraphDef.FromString(raw)
   functions = {function.signature.name: function for function in graph.library.function}
   canonical: dict[str, str] = {}
