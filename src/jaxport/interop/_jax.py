@@ -44,6 +44,14 @@ _UNRESOLVED = object()
 _raw_import: Any = _UNRESOLVED  # resolved on first use: checking it initialises JAX's backend
 
 
+def _raw_importer():
+  """`_resolve_import()`'s result, resolved on first use."""
+  global _raw_import
+  if _raw_import is _UNRESOLVED:
+    _raw_import = _resolve_import()
+  return _raw_import
+
+
 @functools.lru_cache(maxsize=None)
 def dl_device(device: jax.Device) -> _dlpack.Device:
   """(DLDeviceType, id); JAX's CPU devices all address host memory but keep their ids here."""
@@ -192,27 +200,23 @@ class Jax(_base.Framework):
 
   def import_(self, producer: Any, device: _dlpack.Device, native: Any,
               copy: bool | None) -> jax.Array:
-    global _raw_import
-    if _raw_import is _UNRESOLVED:
-      _raw_import = _resolve_import()
+    raw = _raw_importer()
     target = native if isinstance(native, jax.Device) else _all_devices()[device]
-    if _raw_import is None:
+    if raw is None:
       return jax.dlpack.from_dlpack(producer, device=target, copy=copy)
     stream = None if device[0] == _dlpack.CPU else _stream(target)
     capsule = producer.__dlpack__(stream=stream)
     try:
-      return _raw_import(capsule, target, stream, copy, device[0])
+      return raw(capsule, target, stream, copy, device[0])
     except jax.errors.JaxRuntimeError as error:
       raise _import_error(error) from None
 
   def importer(self, device: _dlpack.Device, native: Any, copy: bool | None):
-    global _raw_import
-    if _raw_import is _UNRESOLVED:
-      _raw_import = _resolve_import()
-    if _raw_import is None or device[0] != _dlpack.CPU:  # devices order by stream, per import
+    raw = _raw_importer()
+    if raw is None or device[0] != _dlpack.CPU:  # devices order by stream, per import
       return super().importer(device, native, copy)
     target = native if isinstance(native, jax.Device) else _all_devices()[device]
-    raw, kind = _raw_import, device[0]
+    kind = device[0]
 
     def import_host(producer: Any) -> jax.Array:
       try:

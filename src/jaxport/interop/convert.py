@@ -243,7 +243,7 @@ def jax_leaf_converter(device: Any = None, copy: bool | None = None) -> Callable
 
   def convert(x: Any) -> jax.Array:
     framework = _base.owner(x)
-    if framework is not None and framework is not JAX and framework is not NUMPY:
+    if framework is not None and framework is not JAX:
       key = framework.plan_key(x)
       if key is not None:
         key = (framework, key, JAX.cache_token)
