@@ -29,15 +29,11 @@ service = tf.data.experimental.service
 
 @pytest.fixture(scope="module")
 def target():
-  dispatcher = service.DispatchServer(service.DispatcherConfig(
-      port=0, work_dir=None, fault_tolerant_mode=False))
-  address = dispatcher.target.split("://")[1]
-  workers = [service.WorkerServer(service.WorkerConfig(dispatcher_address=address))
-             for _ in range(2)]
-  yield dispatcher.target
-  gc.collect()  # service iterators left in cycles go while their servers still answer
-  for server in workers + [dispatcher]:
-    server._stop()  # pylint: disable=protected-access
+  """A dispatcher and two workers in a subprocess, killed at the end (`servers_process`): stopping
+  in-process servers once clients have left blocked a CI worker's teardown for ~50 s."""
+  with servers_process() as address:
+    yield address
+    gc.collect()  # service iterators left in cycles go while their servers still answer
 
 
 @pytest.fixture(autouse=True)
