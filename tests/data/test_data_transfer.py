@@ -162,19 +162,34 @@ def test_an_accelerator_checks_64_bit_leaves_as_the_cpu_does():
 
 
 def test_finished_tf_iterators_are_deleted_off_the_consumers_thread():
-  # Deleting a tf.data iterator just after it ends blocks for ~20-300 ms: the reaper does it, once
-  # it holds the last reference.
-  deleted, gone = [], threading.Event()
+  # Deleting a tf.data iterator just after it ends blocks for ~20-300 ms: the reaper has it
+  # deleted off the consumer's thread once it holds the last reference, and a deletion that never
+  # ends (a pipeline stuck in its source) holds up no later one.
+  deleted, unblock = [], threading.Event()
+  gone = {name: threading.Event() for name in ("stuck", "next")}
 
   class Iterator:
-    def __del__(self):
-      deleted.append(threading.current_thread().name)
-      gone.set()
+    def __init__(self, name):
+      self.name = name
 
-  iterator = Iterator()
+    def __del__(self):
+      deleted.append((self.name, threading.current_thread().name))
+      gone[self.name].set()
+      if self.name == "stuck":
+        unblock.wait(120)
+
+  iterator = Iterator("stuck")
   still_used = iterator  # like the source's record of the epoch's live iterator
   Retired().add(iterator)
   del iterator
+  assert not gone["stuck"].wait(0.3)  # still referred to
   del still_used
-  assert gone.wait(60)
-  assert deleted == ["jaxport-data-reaper"]
+  assert gone["stuck"].wait(60)
+  Retired().add(Iterator("next"))
+  try:
+    assert gone["next"].wait(60)
+  finally:
+    unblock.set()
+  assert [name for name, _ in deleted] == ["stuck", "next"]
+  assert all(thread.startswith("jaxport-data-reaper") for _, thread in deleted)
+  assert threading.current_thread().name not in {thread for _, thread in deleted}

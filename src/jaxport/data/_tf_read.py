@@ -10,8 +10,9 @@ from jaxport.data._batches import Flat, batch_rows, flatten
 from jaxport.data._leaves import tf_dtype_problem
 
 # An iterator deleted just after it ends blocks its deleter for ~20-300 ms while its threads
-# wind down: a daemon thread deletes finished iterators, off the consumer's path, once it holds
-# their last reference (checked every _REAP_S).
+# wind down: a daemon thread finds finished iterators whose last reference it holds (checked every
+# _REAP_S) and hands them to a short-lived thread to delete, so that a deletion that never ends
+# (a pipeline stuck in its source) holds up no other.
 _REAP_S = 0.05
 
 
@@ -26,9 +27,10 @@ class Retired:
     if Retired._queue is None:
       with Retired._guard:
         if Retired._queue is None:
-          Retired._queue = queue.SimpleQueue()
-          threading.Thread(target=_reap, args=(Retired._queue,), name="jaxport-data-reaper",
+          arrivals = queue.SimpleQueue()
+          threading.Thread(target=_reap, args=(arrivals,), name="jaxport-data-reaper",
                            daemon=True).start()
+          Retired._queue = arrivals  # only once a thread reads it
     Retired._queue.put(iterator)
 
 
@@ -39,8 +41,23 @@ def _reap(arrivals: "queue.SimpleQueue") -> None:
       held.append(arrivals.get(timeout=_REAP_S) if held else arrivals.get())
     except queue.Empty:
       pass
-    # Referred to by `held` and getrefcount's argument only: the last reference is this thread's.
-    held = [iterator for iterator in held if sys.getrefcount(iterator) > 3]
+    kept, unused = [], []
+    for iterator in held:
+      # Referred to by `held`, this loop and getrefcount's argument only: the last reference is ours.
+      (kept if sys.getrefcount(iterator) > 3 else unused).append(iterator)
+    del iterator
+    held = kept
+    if unused:
+      try:
+        threading.Thread(target=_delete, args=(unused,), name="jaxport-data-reaper-delete",
+                         daemon=True).start()
+      except RuntimeError:  # no thread to be had: delete them here
+        unused.clear()
+      del unused
+
+
+def _delete(iterators: list) -> None:
+  iterators.clear()
 
 
 def _fitting(tf: Any, element_spec: Any, count: int, max_bytes: int | None) -> int:
