@@ -12,6 +12,7 @@ import tensorflow as tf
 from data_support import assert_batches_equal, host
 import jaxport.data
 from jaxport.data import NotResumableError
+from jaxport.errors import LoaderStateError
 
 EPOCHS = 3
 IGNORE = tf.data.experimental.ExternalStatePolicy.IGNORE
@@ -253,3 +254,96 @@ def test_stateful_pipelines_under_fail_explain_how_to_resume():
   with pytest.raises(NotResumableError, match="RandomUniform draws from a random generator"):
     loader.state()
   loader.close()
+
+
+# Pipelines that replay from their start -------------------------------------------------------
+
+
+def _options(**values):
+  options = tf.data.Options()
+  for name, value in values.items():
+    setattr(options, name, value)
+  return options
+
+
+RANGE = tf.data.Dataset.range(12)
+REPLAYS = {  # pipeline -> whether every fresh iterator yields the same elements in the same order
+    "slices, batch, memory cache": (tf.data.Dataset.from_tensor_slices(np.arange(6)).batch(2)
+                                    .cache(), True),
+    "parallel map, filter, repeat, take, skip, prefetch": (
+        RANGE.map(lambda i: i * 2, num_parallel_calls=2).filter(lambda i: i > 2).repeat(2)
+        .take(9).skip(1).prefetch(2), True),
+    "padded batch, unbatch, shard, zip, concatenate": (
+        tf.data.Dataset.zip((RANGE.padded_batch(2).unbatch().shard(2, 0), RANGE))
+        .concatenate(tf.data.Dataset.zip((RANGE, RANGE))), True),
+    "interleave and flat_map building datasets": (
+        RANGE.interleave(lambda i: tf.data.Dataset.range(i), cycle_length=2)
+        .flat_map(lambda i: tf.data.Dataset.range(i).map(lambda j: j + 1)), True),
+    "tf.cond and stateless random ops": (
+        RANGE.map(lambda i: tf.cond(i > 3, lambda: tf.random.stateless_uniform([], [1, i]),
+                                    lambda: 0.0)), True),
+    "seeded shuffle": (RANGE.shuffle(4, seed=1), False),
+    "unseeded shuffle inside flat_map": (RANGE.flat_map(lambda i: tf.data.Dataset.range(i)
+                                                        .shuffle(3)), False),
+    "random op in a tf.cond branch": (
+        RANGE.map(lambda i: tf.cond(i > 3, lambda: i, lambda: tf.random.uniform([], 0, 3,
+                                                                                tf.int64))), False),
+    "map with deterministic=False": (RANGE.map(lambda i: i, num_parallel_calls=2,
+                                               deterministic=False), False),
+    "options.deterministic = False": (RANGE.with_options(_options(deterministic=False)), False),
+    "parallel interleave (its order is kept out of sight)": (
+        RANGE.interleave(lambda i: tf.data.Dataset.range(i), cycle_length=2,
+                         num_parallel_calls=2), False),
+    "file cache": (RANGE.cache("/nonexistent/never-written"), False),
+    "py_function": (RANGE.map(lambda i: tf.py_function(lambda v: v, [i], tf.int64)), False),
+    "from_generator": (tf.data.Dataset.from_generator(lambda: iter([1]), output_signature=tf.TensorSpec((), tf.int64)), False),
+    "sample_from_datasets": (tf.data.Dataset.sample_from_datasets([RANGE, RANGE]), False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REPLAYS))
+def test_pipelines_that_replay_from_their_start_are_told_apart(name):
+  from jaxport.data._tf_compat import replays_from_start
+  dataset, replays = REPLAYS[name]
+  assert replays_from_start(dataset) is replays
+  if replays:  # and they do: two fresh iterators agree
+    assert_batches_equal(list(dataset), list(dataset))
+
+
+def _deterministic():
+  """10 batches of 4 per epoch, no randomness: a fresh iterator is the epoch's start."""
+  return tf.data.Dataset.range(40).map(lambda i: {"id": i}, num_parallel_calls=2)
+
+
+def test_a_replayable_pipeline_resumes_exactly_without_unconditional_snapshots(monkeypatch):
+  from jaxport.data import _sources, _tf_compat
+  expected = run(jaxport.data.loader(_deterministic(), batch_size=4, prefetch=0), 30)
+  taken = []
+  snapshot = _tf_compat.snapshot_iterator
+  monkeypatch.setattr(_tf_compat, "snapshot_iterator",
+                      lambda *args: taken.append(1) or snapshot(*args))
+  monkeypatch.setattr(_sources, "_SNAPSHOT_GUESS_S", 1e3)  # no snapshot comes by the budget
+
+  first = jaxport.data.loader(_deterministic(), batch_size=4, prefetch=2)
+  head = run(first, 13, working=True)  # into epoch 1; the producer reads ahead
+  live = first._source._live
+  deadline = time.monotonic() + 30
+  while live[2] <= first.step and time.monotonic() < deadline:
+    time.sleep(0.01)  # until the producer has read ahead: no snapshot at the step then
+  state = json.loads(json.dumps(first.state()))
+  first.close()
+  assert taken == []  # neither at the epochs' starts nor after their first batches
+  assert state["epoch"] == 1 and state["step"] == 3
+  assert {k: state["source_state"][k] for k in ("position", "fresh")} == {"position": 0,
+                                                                          "fresh": True}
+  resumed = jaxport.data.loader(_deterministic(), batch_size=4, prefetch=2, state=state)
+  assert_batches_equal(head + run(resumed, 17), expected)
+  assert taken == []
+
+  bad = json.loads(json.dumps(state))
+  bad["source_state"]["position"] = 2
+  with pytest.raises(LoaderStateError):
+    jaxport.data.loader(_deterministic(), batch_size=4, state=bad)
+  monkeypatch.setattr(_tf_compat, "replays_from_start", lambda dataset: False)
+  with pytest.raises(LoaderStateError, match="fresh iterator"):
+    list(jaxport.data.loader(_deterministic(), batch_size=4, state=state))

@@ -356,6 +356,9 @@ class _SkippedSampler:
 # Snapshots may take this share of the time spent reading batches: restoring then replays at most
 # ~1/_SNAPSHOT_BUDGET snapshots' worth of reading, wherever in the epoch the state was taken.
 _SNAPSHOT_BUDGET = 0.05
+# The cost taken for a snapshot before one is measured (a pipeline that replays from its start
+# is first snapshotted after this many / _SNAPSHOT_BUDGET seconds of reading).
+_SNAPSHOT_GUESS_S = 1e-3
 _PY_FUNCTIONS = ("PyFunc", "EagerPyFunc", "PyFuncStateless")
 
 
@@ -392,6 +395,12 @@ class TFDataSource(Source):
   dataset was not iterated outside the loader before it and is restored into a new loader;
   otherwise a state saved in the last batches of the loader's first epoch resumes that epoch
   exactly, but later epochs may reshuffle differently.
+
+  A pipeline whose fresh iterators all yield the same elements in the same order
+  (`_tf_compat.replays_from_start`: no shuffle, random op or nondeterministic stage) needs neither
+  of those unconditional snapshots: its epoch's start is a fresh iterator, so its snapshots come
+  by the budget alone, and a state taken before the first says "replay `step` batches of a fresh
+  iterator" (`fresh`).
 
   A snapshot holds the pipeline's buffers: tf.data's prefetch buffer, a shuffle buffer (its
   elements, compressed in the state: ~9 KB for a `shuffle(1000)` of scalars, but ~150 MB for one of
@@ -451,7 +460,8 @@ class TFDataSource(Source):
     self._retired = Retired()  # finished iterators, deleted once that is cheap
     self._snapshots: dict[int, list[_Snapshot]] = {}  # epoch -> by position
     self._snapshot_error: str | None = None
-    self._snapshot_s = 0.0  # how long the latest snapshot took
+    self._snapshot_s = _SNAPSHOT_GUESS_S  # how long the latest snapshot took
+    self._replays = _tf_compat.replays_from_start(dataset)  # an epoch's start is a fresh iterator
     self._user_dataset = user_dataset
     self._fingerprint: str | None = None  # of the user's pipeline, made when a state needs it
     self._ops: set[str] | None = None  # the pipeline's op types, found when a state needs them
@@ -474,7 +484,7 @@ class TFDataSource(Source):
       read = self._reader.bind(iterator) if self._reader else _read_with_next(iterator)
       # An epoch whose iterator has no snapshot yet (the loader's first) takes one after its first
       # batch, so that every later step has one to resume from; then as their cost allows.
-      first = position + 1 if not self._snapshots.get(epoch) else None
+      first = position + 1 if not (self._replays or self._snapshots.get(epoch)) else None
       since = 0.0  # reading time since the latest snapshot
       live = self._live = [epoch, iterator, position]  # and the batches read from it
       while True:
@@ -500,7 +510,7 @@ class TFDataSource(Source):
   def _iterator(self, epoch: int) -> tuple[Any, int]:
     # The loader's first iterator is made on the way to the first batch: not snapshotted then, as
     # a restore can remake its first snapshot (see load()).
-    self._prepare(epoch, snapshot=self._made > 0)
+    self._prepare(epoch, snapshot=self._made > 0 and not self._replays)
     self._live = None
     with self._lock:
       _, iterator, position = self._pending
@@ -509,13 +519,13 @@ class TFDataSource(Source):
         del self._snapshots[old]
     return iterator, position
 
-  def _prepare(self, epoch: int, snapshot: bool = True) -> None:
+  def _prepare(self, epoch: int, snapshot: bool | None = None) -> None:
     with self._lock:
       if self._pending is not None and self._pending[0] == epoch:
         return
     iterator = iter(self._dataset)
     self._made += 1
-    if snapshot:
+    if snapshot if snapshot is not None else not self._replays:
       # Before it reads anything, its snapshot holds no elements; restored last, it sets the
       # shuffle seed generators right (see load()). It costs ~10 µs per slot of a shuffle buffer.
       self._snapshot(epoch, 0, iterator)
@@ -579,14 +589,17 @@ class TFDataSource(Source):
           kept.sort(key=lambda s: s.position)
           break
       usable = [s for s in kept if s.position <= step]
+    fingerprint = self.fingerprint()
+    if not usable and self._replays:
+      return {"position": 0, "fresh": True, "encoding": _tf_compat.COMPACT, "pipeline": fingerprint}
     if not usable:
       raise NotResumableError(self._not_resumable())
     latest = max(usable, key=lambda s: s.position)
     record = {"position": latest.position, "iterator": self._encoded(latest),
-              "encoding": _tf_compat.COMPACT, "pipeline": self.fingerprint()}
+              "encoding": _tf_compat.COMPACT, "pipeline": fingerprint}
     if usable[0].position <= 0 and latest is not usable[0]:
       record["epoch_start"] = self._encoded(usable[0])
-    elif usable[0].position > 0 and epoch == self._first_epoch:
+    elif usable[0].position > 0 and epoch == self._first_epoch and not self._replays:
       record["first"] = True  # the epoch's iterator was the dataset's first, not snapshotted
     return record
 
@@ -640,12 +653,17 @@ class TFDataSource(Source):
 
   def _check_record(self, step: int, record: Any) -> None:
     """Checks `record` before any of its bytes reach TF (the loader checked its digest)."""
-    required, optional = {"position", "iterator", "pipeline"}, {"encoding", "epoch_start", "first"}
+    fresh = isinstance(record, dict) and record.get("fresh") is True
+    required = {"position", "pipeline", "fresh"} if fresh else {"position", "iterator", "pipeline"}
+    optional = {"encoding"} if fresh else {"encoding", "epoch_start", "first"}
     if not isinstance(record, dict) or not required <= set(record) \
         or not set(record) <= required | optional:
-      raise LoaderStateError("source_state", "expected a dict with 'position', 'iterator', "
-                             f"'pipeline' and 'encoding', found {record!r:.80}.")
+      raise LoaderStateError("source_state", "expected a dict with 'position', 'iterator' (or "
+                             f"'fresh'), 'pipeline' and 'encoding', found {record!r:.80}.")
     position = record["position"]
+    if fresh and position != 0:
+      raise LoaderStateError("source_state.position", f"expected 0 with 'fresh', found "
+                             f"{position!r}.")
     if not is_int(position) or not 0 <= position <= step:
       raise LoaderStateError("source_state.position", f"expected an int in [0, step={step}], "
                              f"found {position!r}.")
@@ -662,7 +680,7 @@ class TFDataSource(Source):
       raise LoaderStateError("source_state.encoding", f"expected {_tf_compat.COMPACT!r}, found "
                              f"{encoding!r}.")
     # States of earlier versions (no "encoding") carry the epoch's first snapshot past position 0.
-    if encoding is None and ("epoch_start" in record) != (position > 0):
+    if encoding is None and not fresh and ("epoch_start" in record) != (position > 0):
       raise LoaderStateError("source_state.epoch_start", "present exactly when position > 0.")
     if record["pipeline"] != self.fingerprint():
       raise LoaderStateError(
@@ -673,6 +691,17 @@ class TFDataSource(Source):
 
   def load(self, epoch: int, step: int, record: Any) -> None:
     self._check_record(step, record)
+    if record.get("fresh"):  # the epoch replayed from its start: a fresh iterator
+      if not self._replays:
+        raise LoaderStateError("source_state.fresh", "the state replays the epoch from a fresh "
+                               "iterator, but this pipeline's iterators may differ (a shuffle, a "
+                               "random op or a nondeterministic stage); restore into a loader over "
+                               "the same pipeline.")
+      iterator = iter(self._dataset)
+      self._made += 1
+      with self._lock:
+        self._pending, self._live, self._snapshots = (epoch, iterator, 0), None, {}
+      return
     encoding, position = record.get("encoding"), record["position"]
     # A snapshot taken late in an epoch (once read-ahead drained a shuffle buffer) can leave the
     # shuffle seed generators, which a dataset's iterators share, off from where an uninterrupted run

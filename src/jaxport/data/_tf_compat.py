@@ -160,3 +160,66 @@ def data_service_jobs(dataset: Any) -> list[tuple[str, int]]:
       continue
     pending.extend(node._inputs())  # pylint: disable=protected-access
   return jobs
+
+
+# tf.data stages whose fresh iterators yield the same elements in the same order, given inputs and
+# functions that do (checked apart): no shuffle, sampling or random source, no nondeterministic
+# parallelism (a parallel interleave keeps its choice in the op, out of Python's sight).
+_REPLAYABLE_STAGES = frozenset({
+    "_TensorSliceDataset", "_TensorDataset", "_SparseTensorSliceDataset", "_RangeDataset",
+    "TFRecordDatasetV2", "_TFRecordDataset", "TextLineDatasetV2", "_TextLineDataset",
+    "FixedLengthRecordDatasetV2", "_FixedLengthRecordDataset", "_BatchDataset",
+    "_PaddedBatchDataset", "_UnbatchDataset", "_ShardDataset", "_TakeDataset", "_SkipDataset",
+    "_RepeatDataset", "_PrefetchDataset", "_OptionsDataset", "_RestructuredDataset", "_ZipDataset",
+    "_ConcatenateDataset", "_MapDataset", "_FilterDataset", "_FlatMapDataset", "_InterleaveDataset",
+    "_ParallelMapDataset", "_ParallelBatchDataset", "CacheDataset"})
+
+
+def replays_from_start(dataset: Any) -> bool:
+  """Whether every fresh iterator of `dataset` yields the same elements in the same order, so that
+  a position in it is resumed by reading that many elements from a fresh iterator. Found by walking
+  `Dataset._inputs()` (no graph serialization) over a list of known stages, whose functions must be
+  stateless; anything else (a shuffle, a random op, deterministic=False, an unknown stage) is
+  taken as not replayable."""
+  if dataset.options().deterministic is False:
+    return False
+  pending, seen = [dataset], set()
+  while pending:
+    node = pending.pop()
+    if id(node) in seen:
+      continue
+    seen.add(id(node))
+    name = type(node).__name__
+    if name not in _REPLAYABLE_STAGES:
+      return False
+    if str(getattr(node, "_deterministic", "default")).lower() not in ("default", "true"):
+      return False
+    if name == "CacheDataset" and node._filename.numpy():  # pylint: disable=protected-access
+      return False  # a file cache: its first iterator writes what later ones read
+    if not all(_stateless(wrapper.function.graph) for wrapper in node._functions()):  # pylint: disable=protected-access
+      return False
+    pending.extend(node._inputs())  # pylint: disable=protected-access
+  return True
+
+
+# Dataset ops a dataset function may build (tf.data marks every dataset op stateful): those of the
+# stages above.
+_REPLAYABLE_DATASET_OPS = frozenset({
+    "TensorSliceDataset", "TensorDataset", "RangeDataset", "TFRecordDatasetV2", "TextLineDataset",
+    "FixedLengthRecordDatasetV2", "BatchDatasetV2", "PaddedBatchDatasetV2", "UnbatchDataset",
+    "ShardDataset", "TakeDataset", "SkipDataset", "RepeatDataset", "ZipDataset",
+    "ConcatenateDataset", "MapDataset", "FilterDataset", "FlatMapDataset", "InterleaveDataset"})
+
+
+def _stateless(graph: Any) -> bool:
+  """Whether a dataset function's graph, and the functions it calls, run no stateful op (but the
+  dataset ops above)."""
+  from tensorflow.python.framework import op_def_registry  # pylint: disable=import-outside-toplevel
+  ops = {op.type for op in graph.get_operations()}
+  for function in getattr(graph, "_functions", {}).values():
+    ops.update(node.op for node in function.definition.node_def)
+  for op in ops - _REPLAYABLE_DATASET_OPS:
+    op_def = op_def_registry.get(op)
+    if op_def is None or op_def.is_stateful:
+      return False
+  return True
