@@ -4,10 +4,13 @@ fixes NotResumableError suggests work."""
 import itertools
 import json
 import time
+import warnings
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from data_support import assert_batches_equal, host
 import jaxport.data
@@ -347,3 +350,104 @@ def test_a_replayable_pipeline_resumes_exactly_without_unconditional_snapshots(m
   monkeypatch.setattr(_tf_compat, "replays_from_start", lambda dataset: False)
   with pytest.raises(LoaderStateError, match="fresh iterator"):
     list(jaxport.data.loader(_deterministic(), batch_size=4, state=state))
+
+
+# Stages a pipeline is built from in the property test below: (name, dataset -> dataset).
+_STAGES = {
+    "map": lambda d: d.map(lambda i: i * 3 + 1),
+    "parallel map": lambda d: d.map(lambda i: i - 2, num_parallel_calls=2),
+    "filter": lambda d: d.filter(lambda i: i % 3 != 0),
+    "batch, unbatch": lambda d: d.batch(3).unbatch(),
+    "interleave": lambda d: d.interleave(lambda i: tf.data.Dataset.from_tensors(i).repeat(2),
+                                         cycle_length=2),
+    "repeat, take": lambda d: d.repeat(2).take(45),
+    "skip": lambda d: d.skip(2),
+    "cache": lambda d: d.cache(),
+    "prefetch": lambda d: d.prefetch(2),
+    "shuffle": lambda d: d.shuffle(5, seed=7),
+    "stateless noise": lambda d: d.map(
+        lambda i: i + tf.cast(10 * tf.random.stateless_uniform([], [3, i]), tf.int64)),
+}
+
+
+@settings(max_examples=12, deadline=None)
+@given(stages=st.lists(st.sampled_from(sorted(_STAGES)), min_size=1, max_size=4),
+       batch=st.integers(1, 4), prefetch=st.integers(0, 3), stop=st.integers(1, 40),
+       working=st.booleans())
+def test_resume_is_exact_whether_the_pipeline_replays_or_not(stages, batch, prefetch, stop,
+                                                             working):
+  def make():
+    dataset = tf.data.Dataset.range(30)
+    for stage in stages:
+      dataset = _STAGES[stage](dataset)
+    return dataset.map(lambda i: {"id": i})
+
+  per_epoch = len(list(jaxport.data.loader(make(), batch_size=batch, prefetch=0)))
+  total = 3 * per_epoch
+  expected = run(jaxport.data.loader(make(), batch_size=batch, prefetch=0), total)
+  first = jaxport.data.loader(make(), batch_size=batch, prefetch=prefetch)
+  stop = min(stop, total)
+  received = run(first, stop, working=working)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    state = json.loads(json.dumps(first.state()))
+  first.close()
+  resumed = jaxport.data.loader(make(), batch_size=batch, prefetch=prefetch, state=state)
+  received += run(resumed, total - stop)
+  # A state in the first pass of a cache over a shuffle (past its start), or of a pipeline that
+  # draws shuffle seeds more than once per epoch, resumes that epoch exactly, and says later
+  # epochs may come in another order.
+  past_start = state["source_state"].get("position", 0) > 0
+  caching = past_start and state["epoch"] == 0 and any(
+      stage == "cache" and "shuffle" in stages[:at] for at, stage in enumerate(stages))
+  reseeding = stages.count("shuffle") > 1 or any(
+      stage == "repeat, take" and "shuffle" in stages[:at] for at, stage in enumerate(stages))
+  said = " ".join(str(w.message) for w in caught)
+  assert ("fills it anew" in said) == caching, said
+  assert ("draws shuffle seeds more than once" in said) == reseeding, said
+  exact = (state["epoch"] + 1) * per_epoch if caching or reseeding else total
+  assert_batches_equal(received[:exact], expected[:exact])
+  assert len(received) == len(expected)
+
+
+def _cached_shuffle():
+  """A memory cache of a shuffled stream: every epoch in the first epoch's order."""
+  return (tf.data.Dataset.range(24).shuffle(8, seed=5).cache()
+          .map(lambda i: {"id": i}))
+
+
+def test_a_state_in_a_shuffled_caches_first_pass_says_later_epochs_are_refilled():
+  expected = run(jaxport.data.loader(_cached_shuffle(), batch_size=4, prefetch=0), 18)
+  first = jaxport.data.loader(_cached_shuffle(), batch_size=4, prefetch=0)
+  head = run(first, 3)
+  with pytest.warns(UserWarning, match="fills it anew"):
+    state = json.loads(json.dumps(first.state()))
+  assert state["source_state"]["cache_writer"] is True
+  resumed = jaxport.data.loader(_cached_shuffle(), batch_size=4, prefetch=0, state=state)
+  assert_batches_equal(head + run(resumed, 3), expected[:6])  # the epoch itself: exact
+  # Epoch 1 fills the cache anew: a state in it warns again; one in epoch 2 is exact.
+  refill = run(resumed, 2)
+  with pytest.warns(UserWarning, match="fills it anew"):
+    resumed.state()
+  refill += run(resumed, 4)
+  cached = run(resumed, 2)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    later = json.loads(json.dumps(resumed.state()))
+  assert (later["epoch"], later["step"]) == (2, 2) and "cache_writer" not in later["source_state"]
+  assert_batches_equal(cached, refill[:2])  # read from the cache filled in epoch 1
+  tail = run(resumed, 4)
+  assert_batches_equal(tail, refill[2:])
+  again = jaxport.data.loader(_cached_shuffle(), batch_size=4, prefetch=0, state=later)
+  assert_batches_equal(run(again, 4), tail)
+
+  # After the first pass the state carries the whole cache: no warning, exact.
+  whole = jaxport.data.loader(_cached_shuffle(), batch_size=4, prefetch=0)
+  run(whole, 8)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    state = json.loads(json.dumps(whole.state()))
+  rest = run(whole, 10)
+  assert_batches_equal(run(jaxport.data.loader(_cached_shuffle(), batch_size=4, prefetch=0,
+                                               state=state), 10), rest)
+  assert_batches_equal(rest, expected[8:])

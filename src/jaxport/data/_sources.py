@@ -11,6 +11,7 @@ import re
 import sys
 import threading
 import time
+import warnings
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -362,6 +363,22 @@ _SNAPSHOT_GUESS_S = 1e-3
 _PY_FUNCTIONS = ("PyFunc", "EagerPyFunc", "PyFuncStateless")
 
 
+def _inexact_later_epochs(record: dict, dataset: Any) -> list[str]:
+  """Why epochs after the one a state resumes may be in another order."""
+  why = []
+  if record.get("cache_writer") and record["position"] > 0:
+    why.append("This pipeline caches a shuffled or random stream in memory (cache() after a "
+               "shuffle or random op), and the state is taken in the cache's first pass: tf.data "
+               "saves a memory cache only once complete, so the restored loader fills it anew. "
+               "Cache before shuffling (.cache().shuffle(...)) to resume exactly.")
+  if _tf_compat.draws_shuffle_seeds_apart(dataset):
+    why.append("This pipeline draws shuffle seeds more than once per epoch (a shuffle under "
+               "repeat(), or several shuffles), and tf.data's iterator state does not bring their "
+               "seed generators back. Use one shuffle and repeat outside the pipeline (one loader "
+               "epoch per pass) to resume exactly.")
+  return why
+
+
 class _Snapshot:
   """A tf.data iterator's state before it read batch `position` of its epoch: TF's variant tensor
   (its tensors referenced, not copied), encoded once a state needs it."""
@@ -401,6 +418,13 @@ class TFDataSource(Source):
   of those unconditional snapshots: its epoch's start is a fresh iterator, so its snapshots come
   by the budget alone, and a state taken before the first says "replay `step` batches of a fresh
   iterator" (`fresh`).
+
+  Two kinds of pipeline resume their epoch exactly, but not always the order of later epochs, and
+  `state()` warns (`_inexact_later_epochs`): a memory `cache()` of a shuffled or random stream
+  whose state is taken in the cache's first pass (tf.data saves such a cache only once complete,
+  so the restored loader fills it anew), and a pipeline that draws shuffle seeds more than once
+  per epoch (a shuffle under `repeat()`, or several shuffles), whose seed generators tf.data's
+  iterator state does not bring back.
 
   A snapshot holds the pipeline's buffers: tf.data's prefetch buffer, a shuffle buffer (its
   elements, compressed in the state: ~9 KB for a `shuffle(1000)` of scalars, but ~150 MB for one of
@@ -462,6 +486,11 @@ class TFDataSource(Source):
     self._snapshot_error: str | None = None
     self._snapshot_s = _SNAPSHOT_GUESS_S  # how long the latest snapshot took
     self._replays = _tf_compat.replays_from_start(dataset)  # an epoch's start is a fresh iterator
+    # Whether a memory cache is complete (an epoch read whole, not restored part-way, ended), and
+    # which epochs' iterators were made before it was, so write it (tf.data saves it only whole).
+    self._cache_complete = False
+    self._cache_writers: dict[int, bool] = {}
+    self._restored_epoch: int | None = None  # restored part-way, which leaves a cache unfilled
     self._user_dataset = user_dataset
     self._fingerprint: str | None = None  # of the user's pipeline, made when a state needs it
     self._ops: set[str] | None = None  # the pipeline's op types, found when a state needs them
@@ -496,6 +525,7 @@ class TFDataSource(Source):
           batch = read()
           since += time.perf_counter() - began
           if batch is None:
+            self._cache_complete |= epoch != self._restored_epoch
             break
           live[2] = position + 1
         yield batch
@@ -517,6 +547,8 @@ class TFDataSource(Source):
       self._pending = None
       for old in [e for e in self._snapshots if e < epoch]:
         del self._snapshots[old]
+      for old in [e for e in self._cache_writers if e < epoch]:
+        del self._cache_writers[old]
     return iterator, position
 
   def _prepare(self, epoch: int, snapshot: bool | None = None) -> None:
@@ -525,6 +557,7 @@ class TFDataSource(Source):
         return
     iterator = iter(self._dataset)
     self._made += 1
+    self._cache_writers[epoch] = not self._cache_complete
     if snapshot if snapshot is not None else not self._replays:
       # Before it reads anything, its snapshot holds no elements; restored last, it sets the
       # shuffle seed generators right (see load()). It costs ~10 µs per slot of a shuffle buffer.
@@ -597,6 +630,12 @@ class TFDataSource(Source):
     latest = max(usable, key=lambda s: s.position)
     record = {"position": latest.position, "iterator": self._encoded(latest),
               "encoding": _tf_compat.COMPACT, "pipeline": fingerprint}
+    if self._cache_writers.get(epoch) and _tf_compat.caches_a_changing_stream(self._dataset):
+      record["cache_writer"] = True
+    for why in _inexact_later_epochs(record, self._dataset):
+      warnings.warn(f"jaxport.data: {why} A loader restored from this state resumes its epoch "
+                    "exactly, but later epochs may come in another order than an uninterrupted "
+                    "run's.", stacklevel=3)
     if usable[0].position <= 0 and latest is not usable[0]:
       record["epoch_start"] = self._encoded(usable[0])
     elif usable[0].position > 0 and epoch == self._first_epoch and not self._replays:
@@ -655,7 +694,7 @@ class TFDataSource(Source):
     """Checks `record` before any of its bytes reach TF (the loader checked its digest)."""
     fresh = isinstance(record, dict) and record.get("fresh") is True
     required = {"position", "pipeline", "fresh"} if fresh else {"position", "iterator", "pipeline"}
-    optional = {"encoding"} if fresh else {"encoding", "epoch_start", "first"}
+    optional = {"encoding"} if fresh else {"encoding", "epoch_start", "first", "cache_writer"}
     if not isinstance(record, dict) or not required <= set(record) \
         or not set(record) <= required | optional:
       raise LoaderStateError("source_state", "expected a dict with 'position', 'iterator' (or "
@@ -671,6 +710,9 @@ class TFDataSource(Source):
       if key in record and not isinstance(record[key], str):
         raise LoaderStateError(f"source_state.{key}", f"expected a string, found "
                                f"{type(record[key]).__name__}.")
+    if record.get("cache_writer", True) is not True:
+      raise LoaderStateError("source_state.cache_writer", f"expected True, found "
+                             f"{record['cache_writer']!r}.")
     if record.get("first", True) is not True:
       raise LoaderStateError("source_state.first", f"expected True, found {record['first']!r}.")
     if "first" in record and "epoch_start" in record:
@@ -703,6 +745,11 @@ class TFDataSource(Source):
         self._pending, self._live, self._snapshots = (epoch, iterator, 0), None, {}
       return
     encoding, position = record.get("encoding"), record["position"]
+    # A state of an iterator made after a memory cache was complete holds it whole; one made
+    # before writes it, and restored part-way leaves it for the next epoch to write.
+    writer = "cache_writer" in record
+    self._cache_complete, self._cache_writers = not writer, {epoch: writer}
+    self._restored_epoch = epoch if position > 0 else None
     # A snapshot taken late in an epoch (once read-ahead drained a shuffle buffer) can leave the
     # shuffle seed generators, which a dataset's iterators share, off from where an uninterrupted run
     # has them; restoring a snapshot of the epoch's iterator made before it read anything, last,

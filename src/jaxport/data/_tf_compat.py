@@ -175,31 +175,62 @@ _REPLAYABLE_STAGES = frozenset({
     "_ParallelMapDataset", "_ParallelBatchDataset", "CacheDataset"})
 
 
-def replays_from_start(dataset: Any) -> bool:
-  """Whether every fresh iterator of `dataset` yields the same elements in the same order, so that
-  a position in it is resumed by reading that many elements from a fresh iterator. Found by walking
-  `Dataset._inputs()` (no graph serialization) over a list of known stages, whose functions must be
-  stateless; anything else (a shuffle, a random op, deterministic=False, an unknown stage) is
-  taken as not replayable."""
-  if dataset.options().deterministic is False:
-    return False
+def _stages(dataset: Any) -> Any:
+  """Each stage of the pipeline once, from its last (`Dataset._inputs()`, no graph serialization:
+  constants stay unread)."""
   pending, seen = [dataset], set()
   while pending:
     node = pending.pop()
-    if id(node) in seen:
-      continue
-    seen.add(id(node))
+    if id(node) not in seen:
+      seen.add(id(node))
+      yield node
+      pending.extend(node._inputs())  # pylint: disable=protected-access
+
+
+def replays_from_start(dataset: Any) -> bool:
+  """Whether every fresh iterator of `dataset` yields the same elements in the same order, so that
+  a position in it is resumed by reading that many elements from a fresh iterator. Found over a
+  list of known stages, whose functions must be stateless; anything else (a shuffle, a random op,
+  deterministic=False, an unknown stage) is taken as not replayable."""
+  if dataset.options().deterministic is False:
+    return False
+  for node in _stages(dataset):
     name = type(node).__name__
     if name not in _REPLAYABLE_STAGES:
       return False
     if str(getattr(node, "_deterministic", "default")).lower() not in ("default", "true"):
       return False
-    if name == "CacheDataset" and node._filename.numpy():  # pylint: disable=protected-access
+    if name == "CacheDataset" and _cache_file(node):
       return False  # a file cache: its first iterator writes what later ones read
     if not all(_stateless(wrapper.function.graph) for wrapper in node._functions()):  # pylint: disable=protected-access
       return False
-    pending.extend(node._inputs())  # pylint: disable=protected-access
   return True
+
+
+def caches_a_changing_stream(dataset: Any) -> bool:
+  """Whether the pipeline caches in memory a stream that a fresh iterator would not repeat (a
+  shuffle or random op below `cache()`). tf.data saves a memory cache in an iterator's state only
+  once it is complete: restored during its first pass, it is filled anew, in another order."""
+  return any(type(node).__name__ == "CacheDataset" and not _cache_file(node)
+             and not replays_from_start(node._input_dataset)  # pylint: disable=protected-access
+             for node in _stages(dataset))
+
+
+def draws_shuffle_seeds_apart(dataset: Any) -> bool:
+  """Whether the pipeline draws shuffle seeds more than once per pass: a shuffle that reshuffles
+  on each iteration under a `repeat()`, or more than one such shuffle. tf.data's iterator state
+  does not bring those seed generators back to where an uninterrupted run has them."""
+  def reshuffles(node: Any) -> bool:
+    return type(node).__name__ == "_ShuffleDataset" and bool(node._reshuffle_each_iteration)  # pylint: disable=protected-access
+  if sum(map(reshuffles, _stages(dataset))) > 1:
+    return True
+  return any(type(node).__name__ == "_RepeatDataset"
+             and any(map(reshuffles, _stages(node._input_dataset)))  # pylint: disable=protected-access
+             for node in _stages(dataset))
+
+
+def _cache_file(node: Any) -> bytes:
+  return node._filename.numpy()  # pylint: disable=protected-access
 
 
 # Dataset ops a dataset function may build (tf.data marks every dataset op stateful): those of the
