@@ -540,7 +540,7 @@ class TFDataSource(Source):
   def _iterator(self, epoch: int) -> tuple[Any, int]:
     # The loader's first iterator is made on the way to the first batch: not snapshotted then, as
     # a restore can remake its first snapshot (see load()).
-    self._prepare(epoch, snapshot=self._made > 0 and not self._replays)
+    self._prepare(epoch, snapshot=self._made > 0)
     self._live = None
     with self._lock:
       _, iterator, position = self._pending
@@ -551,14 +551,14 @@ class TFDataSource(Source):
         del self._cache_writers[old]
     return iterator, position
 
-  def _prepare(self, epoch: int, snapshot: bool | None = None) -> None:
+  def _prepare(self, epoch: int, snapshot: bool = True) -> None:
     with self._lock:
       if self._pending is not None and self._pending[0] == epoch:
         return
     iterator = iter(self._dataset)
     self._made += 1
     self._cache_writers[epoch] = not self._cache_complete
-    if snapshot if snapshot is not None else not self._replays:
+    if snapshot and not self._replays:  # a replayable epoch's start is a fresh iterator
       # Before it reads anything, its snapshot holds no elements; restored last, it sets the
       # shuffle seed generators right (see load()). It costs ~10 µs per slot of a shuffle buffer.
       self._snapshot(epoch, 0, iterator)
