@@ -238,6 +238,39 @@ def test_nested_function_calls_are_inlined():
   check(middle, X)
 
 
+def _program_with_implementations(cpu_scale, cpu_extra=lambda x: x):
+  """A call of a function marked `api_implements`, whose sibling for CPU multiplies by `cpu_scale`."""
+  api = f"scale_{cpu_scale}_{id(cpu_extra)}"
+  spec = [tf.TensorSpec([3], tf.float32)]
+  default = tf.function(lambda x: x * 2.0, input_signature=spec, experimental_attributes={"api_implements": api})
+  on_cpu = tf.function(lambda x: cpu_extra(x) * cpu_scale, input_signature=spec,
+                       experimental_attributes={"api_implements": api, "api_preferred_device": "CPU"})
+
+  @tf.function
+  def program(x):
+    on_cpu.get_concrete_function().add_to_graph()   # as TFP's samplers and Keras' RNNs do
+    return default(x) + 1.0
+  return program
+
+
+def test_a_call_runs_the_implementation_tf_selects_for_cpu():
+  """Grappler's implementation selector swaps in the CPU sibling of an `api_implements` function (TFP's
+  gamma/Poisson/binomial samplers); the converted call runs that sibling too."""
+  x = np.arange(3, dtype=np.float32)
+  program = _program_with_implementations(3.0)
+  np.testing.assert_array_equal(program(x), x * 3 + 1)
+  check(program, x, grad=False)   # TF's tape differentiates the function the graph names (x * 2)
+
+
+def test_a_cpu_implementation_without_native_rules_is_not_selected():
+  """A CPU sibling using an op without a native rule is passed over: the function the graph names runs."""
+  x = np.arange(3, dtype=np.float32)
+  program = _program_with_implementations(3.0, cpu_extra=lambda x: x + 0.0 * tf.math.special.bessel_j0(x))
+  assert registry.get_rule("BesselJ0") is None
+  jax_fn, params = jaxport.convert(program, x)
+  np.testing.assert_array_equal(jax_fn(params, x)[0], x * 2 + 1)
+
+
 def test_random_op_in_loop_gives_fresh_values_each_iteration():
   def fn(x):
     ta = tf.TensorArray(tf.float32, size=3)

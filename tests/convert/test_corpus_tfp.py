@@ -96,7 +96,14 @@ def uniform_categorical_sample():
 
 def gamma_sample():
   fn = lambda conc: tfd.Gamma(conc, 1.0).sample(4, seed=SEED)
-  return fn, (_x((3,), low=0.5, high=3.0),), dict(grad=False)
+  return fn, (_x((3,), low=0.5, high=3.0),), dict(grad=False, exact=True)
+
+
+def gamma_reparameterized():
+  """Samples differentiated with respect to the concentration (TFP's implicit reparameterization)."""
+  rate = _var([1.0, 2.0, 0.5], "rate")
+  fn = lambda conc: tfd.Gamma(conc, rate).sample(4, seed=SEED)
+  return fn, (_x((3,), low=0.2, high=3.0),), {}
 
 
 def poisson_sample():
@@ -121,12 +128,6 @@ TRUNCATED_NORMAL = ("TFP draws with StatelessParameterizedTruncatedNormal, whose
                     "samples depend on its thread count beyond a few dozen outputs (a 4000x3 draw, same "
                     "seed: other values with 1 and 2 intra-op threads), so no converter can match them "
                     "in general")
-CPU_SAMPLER = ("TF on CPU runs TFP's CPU sampler: Grappler's implementation selector swaps in the function "
-               "marked api_preferred_device=CPU (the stateless gamma / poisson / binomial kernels); jaxport "
-               "runs the function the graph names, TFP's default rejection sampler (what TF runs under XLA): "
-               "valid samples, other bits. Picking the CPU function would not match either: jaxport's "
-               "StatelessRandomGammaV3 / Poisson / Binomial rules draw with JAX's samplers, and TF's gamma "
-               "kernel computes in float64")
 
 
 def mvn_sample():
@@ -253,14 +254,13 @@ def sample_chain():
 
 
 XFAIL = {   # name: (precise cause, the error it raises)
-    "gamma_sample": (CPU_SAMPLER, AssertionError), "poisson_sample": (CPU_SAMPLER, AssertionError),
-    "binomial_sample": (CPU_SAMPLER, AssertionError), "truncated_normal_sample": (TRUNCATED_NORMAL, AssertionError),
+    "truncated_normal_sample": (TRUNCATED_NORMAL, AssertionError),
     "gp_noiseless": (ILL_CONDITIONED, AssertionError),
     "log_bessel_kve": (KVE_UNDER_JIT, AssertionError),
 }
 CORPUS = {f.__name__: f for f in [
     normal, student_t, gamma, beta, laplace_logistic, poisson, categorical, mvn_tril, dirichlet, mixture,
-    normal_sample, uniform_categorical_sample, gamma_sample, poisson_sample, binomial_sample,
+    normal_sample, uniform_categorical_sample, gamma_sample, gamma_reparameterized, poisson_sample, binomial_sample,
     truncated_normal_sample, mvn_sample, bessel_ive, log_bessel_kve,
     bijector_flow, real_nvp, gp_marginal_likelihood, gp_noiseless, mvn_near_singular,
     hmc_step, nuts_step, sample_chain,

@@ -2,8 +2,8 @@
 
 Exact ops are compared with `assert_array_equal`; the normals, whose TF kernel calls
 glibc's logf/sincosf, within 2 ulp (and mostly equal); the samplers jaxport does not
-reproduce (gamma, Poisson, binomial, parameterized truncated normal, shuffle) by
-determinism and moments.
+reproduce (parameterized truncated normal, shuffle) by determinism and moments. The gamma,
+Poisson and binomial samplers are tested in test_ops_stateless_samplers.py.
 """
 import jax
 import ml_dtypes
@@ -195,10 +195,6 @@ def test_stateless_ops_need_no_rng():
 def inexact_ops(s):
   key, counter, alg = RAW.StatelessRandomGetKeyCounterAlg(seed=s)
   return (
-      RAW.StatelessRandomGammaV2(shape=[2000], seed=s, alpha=3.0),
-      tf.random.stateless_gamma([2000], s, alpha=3.0),
-      tf.random.stateless_poisson([2000], s, lam=4.0),
-      tf.random.stateless_binomial([2000], s, counts=10.0, probs=0.3),
       RAW.StatelessParameterizedTruncatedNormal(shape=[2000], seed=s, means=1.0, stddevs=2.0, minvals=-1.0,
                                                 maxvals=4.0),
       RAW.StatelessShuffle(value=tf.range(2000), key=key, counter=counter, alg=alg),
@@ -216,9 +212,9 @@ def test_inexact_ops_are_deterministic_with_tf_moments():
   for i, (e, g) in enumerate(zip(expected, first)):
     g = np.asarray(g)
     assert g.shape == e.shape and g.dtype == e.dtype.newbyteorder("=") or g.dtype == np.int32, (i, g.dtype)
-    if i < 5:
-      np.testing.assert_allclose(g.mean(), e.mean(), rtol=0.1, err_msg=str(i))
-      np.testing.assert_allclose(g.std(), e.std(), rtol=0.1, err_msg=str(i))
-  assert np.all((first[4] >= -1) & (first[4] <= 4))
-  np.testing.assert_array_equal(np.sort(first[5]), np.arange(2000))
-  assert not np.array_equal(first[5], np.arange(2000))
+  truncated = np.asarray(first[0])
+  np.testing.assert_allclose(truncated.mean(), expected[0].mean(), rtol=0.1)
+  np.testing.assert_allclose(truncated.std(), expected[0].std(), rtol=0.1)
+  assert np.all((truncated >= -1) & (truncated <= 4))
+  np.testing.assert_array_equal(np.sort(first[1]), np.arange(2000))
+  assert not np.array_equal(first[1], np.arange(2000))

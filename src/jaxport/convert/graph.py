@@ -220,16 +220,79 @@ class Library:
     ops = {n.op for fdef in self._fdefs.values() if fdef is not None for n in fdef.node_def}
     return ops.union(*({n.op for n in fn.nodes.values()} for fn in self._decoded.values()))
 
+  def implementation(self, name: str) -> str:
+    """The function TF on CPU runs for a call of `name`.
+
+    A function marked `api_implements` (TFP's samplers, Keras' LSTM/GRU) may have siblings
+    implementing the same API for a device (`api_preferred_device`); Grappler's implementation
+    selector swaps in the one for the device the call runs on. TF's CPU run is the reference,
+    so a call runs the CPU sibling (same signature, not a gradient's forward half), provided
+    every op it can reach has a native rule; otherwise the function named.
+    """
+    memo = self.memo.setdefault("implementation", {})
+    if name not in memo:
+      memo[name] = name
+      memo[name] = self._cpu_sibling(name) or name
+    return memo[name]
+
+  def _cpu_sibling(self, name: str) -> str | None:
+    fdef = self._fdefs.get(name)
+    api = _str_attr(fdef, "api_implements") if fdef is not None else ""
+    if not api or _str_attr(fdef, "api_preferred_device") == CPU_DEVICE:
+      return None
+    siblings = sorted(other for other, odef in self._fdefs.items()
+                      if odef is not None and _str_attr(odef, "api_implements") == api
+                      and _str_attr(odef, "api_preferred_device") == CPU_DEVICE
+                      and not {"forward_function_name", "backward_function_name"} & set(odef.attr)
+                      and _arg_types(odef) == _arg_types(fdef))
+    return next((other for other in siblings if self._runs_natively(other, set())), None)
+
+  def _runs_natively(self, name: str, seen: set[str]) -> bool:
+    """Whether every op `name` can reach has a native rule (functions it calls included)."""
+    from jaxport.convert.registry import Tier, get_rule
+    if name in seen:
+      return True
+    seen.add(name)
+    if self._fdefs[name] is None:
+      return False
+    for node_def in self._fdefs[name].node_def:
+      rule = get_rule(node_def.op)
+      if node_def.op in self._fdefs:
+        if not self._runs_natively(node_def.op, seen):
+          return False
+      elif rule is None or rule.tier is not Tier.NATIVE:
+        return False
+      for value in node_def.attr.values():
+        called = [value.func.name] if value.HasField("func") else [f.name for f in value.list.func]
+        if not all(f in self._fdefs and self._runs_natively(f, seen) for f in called):
+          return False
+    return True
+
   def function_def(self, name: str):
     """The FunctionDef proto of `name`."""
     return self._fdefs[name]
 
   def __getitem__(self, name: str) -> GraphFunction:
+    name = self.implementation(name)
     if name not in self._decoded:
       if name not in self._fdefs:
         raise KeyError(f"function {name!r} is not in the graph's library")
       self._decoded[name] = _decode_function(self._fdefs[name])
     return self._decoded[name]
+
+
+CPU_DEVICE = "CPU"
+
+
+def _str_attr(fdef, key: str) -> str:
+  value = fdef.attr.get(key)
+  return value.s.decode() if value is not None else ""
+
+
+def _arg_types(fdef) -> tuple:
+  signature = fdef.signature
+  return tuple((arg.type, arg.type_attr, arg.number_attr, arg.type_list_attr)
+               for args in (signature.input_arg, signature.output_arg) for arg in args)
 
 
 def _decode_function(fdef) -> GraphFunction:

@@ -6,11 +6,11 @@ converted function, with a key derived from `rng` and the node's name, so distin
 nodes draw independent values; values follow TF's distributions, shapes and dtypes.
 The op-level `seed` attrs are ignored.
 
-The stateless gamma, Poisson, binomial, parameterized truncated normal and shuffle ops
-need no `rng`: they are deterministic functions of their seed (through
-`stateless_random.jax_key_from_seed`), with TF's distributions but jax.random's samplers,
-so not TF's exact values. The other stateless ops, bit-exact with TF, are in
-`ops/stateless_random.py`.
+The stateless parameterized truncated normal and shuffle ops need no `rng`: they are
+deterministic functions of their seed (through `stateless_random.jax_key_from_seed`), with
+TF's distributions but jax.random's samplers, so not TF's exact values. The other stateless
+ops reproduce TF's values: `ops/stateless_random.py` (uniform, normal, int, multinomial) and
+`ops/stateless_samplers.py` (gamma, Poisson, binomial).
 """
 from __future__ import annotations
 
@@ -118,30 +118,6 @@ def random_poisson(ctx, shape, rate):
 
 
 # --------------------------------------------------------------------------- stateless ops
-
-
-@register("StatelessRandomGammaV2")
-def stateless_gamma_v2(ctx, shape, seed, alpha):
-  return _gamma(jax_key_from_seed(seed), _shape(shape), alpha, ctx.attr("dtype"))
-
-
-@register("StatelessRandomGammaV3")
-def stateless_gamma_v3(ctx, shape, key, counter, alg, alpha):
-  return _gamma(jax_key_from_key_counter(key, counter, alg), _shape(shape), alpha, ctx.attr("dtype"))
-
-
-@register("StatelessRandomPoisson")
-def stateless_poisson(ctx, shape, seed, lam):
-  return _poisson(jax_key_from_seed(seed), _shape(shape), lam, ctx.attr("dtype"))
-
-
-@register("StatelessRandomBinomial")
-def stateless_binomial(ctx, shape, seed, counts, probs):
-  shape = _shape(shape)
-  counts = jnp.broadcast_to(jnp.asarray(counts, jnp.float32), shape)
-  probs = jnp.broadcast_to(jnp.asarray(probs, jnp.float32), shape)
-  return jax.random.binomial(jax_key_from_seed(seed), counts, probs, shape).astype(_dtype(ctx.attr("dtype")))
-
 
 
 @register("StatelessParameterizedTruncatedNormal")

@@ -21,11 +21,10 @@ Within 2 ulp of TF, the same stream and transforms, StatelessRandomNormal(V2) an
   whose |value| lies within an ulp of 2 could in principle be accepted by one and not
   the other (never seen). The truncated normals' rejection loop reads at most 24 of the
   256 words TF reserves per group of values; a group needing more has odds below 1e-13.
+StatelessRandomGammaV2/V3, StatelessRandomPoisson, StatelessRandomBinomial: TF's rejection
+  samplers, value for value, in `ops/stateless_samplers.py`.
 Not exact (deterministic from the seed, TF's distributions, jax.random's samplers):
-  StatelessRandomGammaV2/V3, StatelessRandomPoisson, StatelessRandomBinomial,
-  StatelessParameterizedTruncatedNormal, StatelessShuffle: TF's rejection samplers
-  (Marsaglia-Tsang, transformed rejection, inversion, ...) read a variable number of words
-  per value through long float chains; they are not reproduced.
+  StatelessParameterizedTruncatedNormal, StatelessShuffle (in `ops/random.py`).
 
 Algorithms: TF's CPU kernels run Philox (1) and auto-select (3, i.e. Philox); ThreeFry (2)
   is refused on CPU by TF and here too.
@@ -73,13 +72,13 @@ _seed_key_counter = jax.jit(functools.partial(ph.seed_key_counter, jnp))
 _v2_key_counter = jax.jit(functools.partial(ph.v2_key_counter, jnp))
 
 
-def _seed_words(seed):
+def seed_words(seed):
   """The Philox (key, counter) words of a V1 op's seed: NumPy for a constant seed."""
   with ph.wide():
     return ph.seed_key_counter(np, seed) if is_concrete(seed) else _seed_key_counter(jnp.asarray(seed))
 
 
-def _v2_words(key, counter, alg):
+def v2_words(key, counter, alg):
   _check_alg(alg)
   with ph.wide():
     if is_concrete(key) and is_concrete(counter):
@@ -112,7 +111,7 @@ def _uint64_out(lows, highs):
 
 @register("StatelessRandomGetKeyCounter")
 def get_key_counter(ctx, seed):
-  (k0, k1), (c0, c1, c2, c3) = _seed_words(seed)
+  (k0, k1), (c0, c1, c2, c3) = seed_words(seed)
   return _uint64_out([k0], [k1]), _uint64_out([c0, c2], [c1, c3])
 
 
@@ -233,28 +232,28 @@ def _run_sampler(sampler, shape, dtype, out_dtype, key, counter, *args):
 
 @register("StatelessRandomUniform")
 def stateless_uniform(ctx, shape, seed):
-  return _sample(_uniform, _seed_words(seed), _shape(shape), ctx.attr("dtype"))
+  return _sample(_uniform, seed_words(seed), _shape(shape), ctx.attr("dtype"))
 
 
 @register("StatelessRandomNormal")
 def stateless_normal(ctx, shape, seed):
-  return _sample(_normal, _seed_words(seed), _shape(shape), ctx.attr("dtype"))
+  return _sample(_normal, seed_words(seed), _shape(shape), ctx.attr("dtype"))
 
 
 @register("StatelessTruncatedNormal")
 def stateless_truncated_normal(ctx, shape, seed):
-  return _sample(_truncated_normal, _seed_words(seed), _shape(shape), ctx.attr("dtype"))
+  return _sample(_truncated_normal, seed_words(seed), _shape(shape), ctx.attr("dtype"))
 
 
 @register("StatelessRandomUniformInt")
 def stateless_uniform_int(ctx, shape, seed, minval, maxval):
   _check_range(minval, maxval)
-  return _sample(_uniform_int, _seed_words(seed), _shape(shape), ctx.attr("dtype"), minval, maxval)
+  return _sample(_uniform_int, seed_words(seed), _shape(shape), ctx.attr("dtype"), minval, maxval)
 
 
 @register("StatelessRandomUniformFullInt")
 def stateless_uniform_full_int(ctx, shape, seed):
-  return _sample(_uniform_full_int, _seed_words(seed), _shape(shape), ctx.attr("dtype"))
+  return _sample(_uniform_full_int, seed_words(seed), _shape(shape), ctx.attr("dtype"))
 
 
 # --------------------------------------------------------------------------- V2 ops (key, counter, alg)
@@ -262,28 +261,28 @@ def stateless_uniform_full_int(ctx, shape, seed):
 
 @register("StatelessRandomUniformV2")
 def stateless_uniform_v2(ctx, shape, key, counter, alg):
-  return _sample(_uniform, _v2_words(key, counter, alg), _shape(shape), ctx.attr("dtype"))
+  return _sample(_uniform, v2_words(key, counter, alg), _shape(shape), ctx.attr("dtype"))
 
 
 @register("StatelessRandomNormalV2")
 def stateless_normal_v2(ctx, shape, key, counter, alg):
-  return _sample(_normal, _v2_words(key, counter, alg), _shape(shape), ctx.attr("dtype"))
+  return _sample(_normal, v2_words(key, counter, alg), _shape(shape), ctx.attr("dtype"))
 
 
 @register("StatelessTruncatedNormalV2")
 def stateless_truncated_normal_v2(ctx, shape, key, counter, alg):
-  return _sample(_truncated_normal, _v2_words(key, counter, alg), _shape(shape), ctx.attr("dtype"))
+  return _sample(_truncated_normal, v2_words(key, counter, alg), _shape(shape), ctx.attr("dtype"))
 
 
 @register("StatelessRandomUniformIntV2")
 def stateless_uniform_int_v2(ctx, shape, key, counter, alg, minval, maxval):
   _check_range(minval, maxval)
-  return _sample(_uniform_int, _v2_words(key, counter, alg), _shape(shape), ctx.attr("dtype"), minval, maxval)
+  return _sample(_uniform_int, v2_words(key, counter, alg), _shape(shape), ctx.attr("dtype"), minval, maxval)
 
 
 @register("StatelessRandomUniformFullIntV2")
 def stateless_uniform_full_int_v2(ctx, shape, key, counter, alg):
-  return _sample(_uniform_full_int, _v2_words(key, counter, alg), _shape(shape), ctx.attr("dtype"))
+  return _sample(_uniform_full_int, v2_words(key, counter, alg), _shape(shape), ctx.attr("dtype"))
 
 
 # --------------------------------------------------------------------------- multinomial
@@ -348,7 +347,7 @@ def _multinomial(key, counter, logits, num_samples: int):
 
 @register("StatelessMultinomial")
 def stateless_multinomial(ctx, logits, num_samples, seed):
-  (key, counter), samples = _seed_words(seed), static_ints(num_samples, "num_samples")[0]
+  (key, counter), samples = seed_words(seed), static_ints(num_samples, "num_samples")[0]
   out_dtype = _canonical(ctx.attr("output_dtype", np.int64))
   with ph.wide():
     return _run_multinomial(samples, out_dtype, key, counter, logits)
@@ -378,9 +377,9 @@ def _first_words(key, counter):
 
 def jax_key_from_seed(seed):
   """A jax.random key determined by a V1 op's seed (for the samplers not reproduced bit for bit)."""
-  return _jax_key(_seed_words(seed))
+  return _jax_key(seed_words(seed))
 
 
 def jax_key_from_key_counter(key, counter, alg):
   """A jax.random key determined by a V2 op's key, counter and alg."""
-  return _jax_key(_v2_words(key, counter, alg))
+  return _jax_key(v2_words(key, counter, alg))

@@ -1,0 +1,376 @@
+"""Op rules: TF's stateless gamma, Poisson and binomial samplers, value for value.
+
+TF's CPU kernels give each output value its own Philox stream: the op's counter skipped by
+a fixed reservation (256 blocks per value; 42 for binomial inversion) times the value's
+index. Values are indexed parameter-major (every sample of the first alpha, rate or
+(count, prob) pair first), while the output is laid out sample-major. Each value then runs
+a rejection loop that reads numbers from its stream through small buffers: a block gives
+2 doubles, 2 normals (Box-Muller) or 4 floats, handed out last first.
+
+Here all values run that loop in lock-step: one `lax.while_loop` whose step makes one
+attempt for every value still rejected, reading a new block only where its buffer is
+empty. The arithmetic is TF's, in its precision: float64, or float32 for a float32
+Poisson rate, there computed in float64 and rounded after each operation, so that XLA's
+fused multiply-adds cannot move a decision. What can still differ: XLA's and glibc's
+log/exp/pow/lgamma may round an ulp apart, which changes a value only when an accept test
+or a floor lands within that ulp (never seen in the tests' draws), and the last bit of a
+float32 gamma sample computed from a float64 one an ulp apart.
+
+Gradients: gamma samples carry TF's implicit reparameterization gradient with respect to
+alpha (RandomGammaGrad, as TF's registered gradient); Poisson and binomial samples have
+none (their parameters are held constant). A value still rejected after
+`_MAX_ATTEMPTS` attempts (TF would keep drawing; only a NaN parameter gets there) is NaN.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxport.convert.ops import philox as ph
+from jaxport.convert.ops._util import static_ints
+from jaxport.convert.ops.stateless_random import seed_words, v2_words
+from jaxport.convert.registry import register
+from jaxport.errors import ShapeMismatchError
+
+_GAMMA_BLOCKS = 256          # blocks TF reserves per value (kReservedSamplesPerOutput)
+_POISSON_BLOCKS = 256
+_BTRS_BLOCKS = 256
+_INVERSION_BLOCKS = 42       # binomial inversion: mean and variance <= 10
+_MAX_ATTEMPTS = 4096
+_STIRLING_TAIL = (0.0810614667953272, 0.0413406959554092, 0.0276779256849983, 0.02079067210376509,
+                  0.0166446911898211, 0.0138761288230707, 0.0118967099458917, 0.0104112652619720,
+                  0.00925546218271273, 0.00833056343336287)
+
+
+# --------------------------------------------------------------------------- per-value streams
+
+
+class _Stream(NamedTuple):
+  """Each value's position in the op's Philox stream, in blocks after its counter."""
+  base: jax.Array    # uint64: the value's first block
+  used: jax.Array    # uint64: blocks read so far
+
+
+class _Buffer(NamedTuple):
+  """A distribution's unread numbers per value (TF's SampleBuffer / UNIFORM macro)."""
+  values: jax.Array  # [..., k]
+  left: jax.Array    # int32: how many of them are unread
+
+
+def _empty(grid_shape, size: int, dtype) -> _Buffer:
+  return _Buffer(jnp.zeros(grid_shape + (size,), dtype), jnp.zeros(grid_shape, jnp.int32))
+
+
+def _block(key, counter, stream: _Stream):
+  """The four words of each value's next block."""
+  return ph.philox(jnp, ph.skip(jnp, counter, stream.base + stream.used), key)
+
+
+def _read(key, counter, stream: _Stream, buffer: _Buffer, want, unpack):
+  """One number per value where `want`: the next unread one, refilling an empty buffer from the stream."""
+  refill = want & (buffer.left == 0)
+  fresh = unpack(_block(key, counter, stream))
+  values = jnp.where(refill[..., None], fresh, buffer.values)
+  left = jnp.where(refill, fresh.shape[-1], buffer.left) - want.astype(jnp.int32)
+  value = jnp.take_along_axis(values, jnp.maximum(left, 0)[..., None], axis=-1)[..., 0]
+  return value, stream._replace(used=stream.used + refill.astype(jnp.uint64)), _Buffer(values, left)
+
+
+def _doubles(words):
+  """UniformDistribution<double>: two doubles per block."""
+  return jnp.stack([ph.unit_float64(words[0], words[1]), ph.unit_float64(words[2], words[3])], -1)
+
+
+def _normals(words):
+  """NormalDistribution<double>: two normals per block (Box-Muller)."""
+  return jnp.stack(ph.box_muller_float64(*words), -1)
+
+
+def _log1p_neg(x):
+  """log(1 - x) in float64 within an ulp of glibc's log1p(-x) (XLA's log1p is up to 128 ulps off).
+
+  `w` rounds 1 - x and the second term restores what the rounding lost; the barrier keeps XLA
+  from folding `(w - 1) + x` to zero under jit.
+  """
+  w = jax.lax.optimization_barrier(1 - x)
+  return jnp.log(w) - ((w - 1) + x) / w
+
+
+def _until_accepted(attempt, active, state):
+  """Runs `attempt(active, state) -> (accepted, state)` until no value is active."""
+  def cond(carry):
+    step, active, _ = carry
+    return (step < _MAX_ATTEMPTS) & jnp.any(active)
+
+  def body(carry):
+    step, active, state = carry
+    accepted, state = attempt(active, state)
+    return step + 1, active & ~accepted, state
+
+  _, active, state = jax.lax.while_loop(cond, body, (jnp.int32(0), active, state))
+  return active, state
+
+
+def _value_index(samples: int, params: int):
+  """[samples, params]: each value's index in TF's parameter-major order."""
+  return (jnp.arange(params, dtype=jnp.uint64)[None, :] * jnp.uint64(samples)
+          + jnp.arange(samples, dtype=jnp.uint64)[:, None])
+
+
+# --------------------------------------------------------------------------- gamma
+
+
+def _gamma(key, counter, alpha, samples: int):
+  """[samples, alphas] float64 draws (Marsaglia-Tsang; an exponential where alpha == 1)."""
+  alpha = jnp.broadcast_to(alpha.astype(jnp.float64)[None, :], (samples, alpha.shape[0]))
+  stream = _Stream(_value_index(*alpha.shape) * jnp.uint64(_GAMMA_BLOCKS), jnp.zeros(alpha.shape, jnp.uint64))
+  exponential = -_log1p_neg(_doubles(_block(key, counter, stream))[..., 1])
+  below_one = alpha < 1
+  d = alpha + jnp.where(below_one, 2.0 / 3, -1.0 / 3)
+  c = 1.0 / 3 / jnp.sqrt(d)
+
+  def attempt(active, state):
+    stream, normals, uniforms, result = state
+    x, stream, normals = _read(key, counter, stream, normals, active, _normals)
+    v = 1 + c * x
+    positive = ~(v <= 0)
+    v = v * v * v
+    u, stream, uniforms = _read(key, counter, stream, uniforms, active & positive, _doubles)
+    accepted = positive & ((u < 1 - 0.0331 * (x * x) * (x * x)) | (jnp.log(u) < 0.5 * x * x + d * (1 - v + jnp.log(v))))
+    b, stream, uniforms = _read(key, counter, stream, uniforms, active & accepted & below_one, _doubles)
+    value = jnp.where(below_one, d * v * jnp.power(b, 1 / alpha), d * v)
+    result = jnp.where(active & accepted, value, result)
+    return accepted, (stream, normals, uniforms, result)
+
+  state = (stream, _empty(alpha.shape, 2, jnp.float64), _empty(alpha.shape, 2, jnp.float64),
+           jnp.full(alpha.shape, jnp.nan))
+  unresolved, (_, _, _, result) = _until_accepted(attempt, alpha != 1, state)
+  return jnp.where(alpha == 1, exponential, jnp.where(unresolved, jnp.nan, result))
+
+
+# --------------------------------------------------------------------------- Poisson
+
+
+def _poisson(key, counter, rate, samples: int):
+  """[samples, rates] float64 draws: Knuth's products below rate 10, Hormann's transformed rejection above."""
+  rate = jnp.broadcast_to(rate.astype(jnp.float64)[None, :], (samples, rate.shape[0]))
+  stream = _Stream(_value_index(*rate.shape) * jnp.uint64(_POISSON_BLOCKS), jnp.zeros(rate.shape, jnp.uint64))
+  knuth = rate < 10
+  infinite = jnp.isinf(rate) & (rate > 0)
+  exp_neg_rate = jnp.exp(-rate)
+
+  def knuth_attempt(active, state):
+    stream, uniforms, prod, x, result = state
+    u, stream, uniforms = _read(key, counter, stream, uniforms, active, _doubles)
+    prod = jnp.where(active, prod * u, prod)
+    accepted = prod <= exp_neg_rate
+    result = jnp.where(active & accepted, x, result)
+    return accepted, (stream, uniforms, prod, jnp.where(active & ~accepted, x + 1, x), result)
+
+  log_rate = jnp.log(rate)
+  b = 0.931 + 2.53 * jnp.sqrt(rate)
+  a = -0.059 + 0.02483 * b
+  inv_alpha = 1.1239 + 1.1328 / (b - 3.4)
+  box_v = 0.9277 - 3.6224 / (b - 2)
+
+  def hormann_attempt(active, state):
+    stream, uniforms, result = state
+    u, stream, uniforms = _read(key, counter, stream, uniforms, active, _doubles)
+    v, stream, uniforms = _read(key, counter, stream, uniforms, active, _doubles)
+    u = u - 0.5
+    u_shifted = 0.5 - jnp.abs(u)
+    k = jnp.floor((2 * a / u_shifted + b) * u + rate + 0.43)
+    boxed = (u_shifted >= 0.07) & (v <= box_v)
+    rejected = (k < 0) | ((u_shifted < 0.013) & (v > u_shifted))
+    s = jnp.log(v * inv_alpha / (a / (u_shifted * u_shifted) + b))
+    t = -rate + k * log_rate - jax.lax.lgamma(k + 1)
+    accepted = boxed | (~rejected & (s <= t))
+    return accepted, (stream, uniforms, jnp.where(active & accepted, k, result))
+
+  buffer, nan = _empty(rate.shape, 2, jnp.float64), jnp.full(rate.shape, jnp.nan)
+  left_small, (*_, small) = _until_accepted(
+      knuth_attempt, knuth, (stream, buffer, jnp.ones(rate.shape), jnp.zeros(rate.shape), nan))
+  left_large, (*_, large) = _until_accepted(hormann_attempt, ~knuth & ~infinite, (stream, buffer, nan))
+  result = jnp.where(knuth, jnp.where(left_small, jnp.nan, small), jnp.where(left_large, jnp.nan, large))
+  return jnp.where(infinite, jnp.inf, result)   # TF writes U's infinity: 0 for an integer U
+
+
+# --------------------------------------------------------------------------- binomial
+
+
+def _stirling_tail(k):
+  """log k! minus its Stirling approximation (TF's table below 10)."""
+  table = jnp.asarray(_STIRLING_TAIL)[jnp.clip(k, 0, 9).astype(jnp.int32)]
+  kp1sq = (k + 1) * (k + 1)
+  return jnp.where(k <= 9, table, (1.0 / 12 - (1.0 / 360 - 1.0 / 1260 / kp1sq) / kp1sq) / (k + 1))
+
+
+def _binomial(key, counter, count, prob, samples: int):
+  """[samples, batch] float64 draws; `count` and `prob` ([batch]) keep their dtype, as TF's tests do."""
+  grid = (samples, count.shape[0])
+  count, prob = jnp.broadcast_to(count[None, :], grid), jnp.broadcast_to(prob[None, :], grid)
+  n = count.astype(jnp.float64)
+  zero = (n <= 0) | (prob <= 0)
+  one = ~zero & (prob >= 1)
+  lower = prob <= 0.5
+  valid = ~zero & ~one & (lower | (prob > 0.5))
+  p_low = jnp.where(lower, prob, jnp.asarray(1, prob.dtype) - prob)   # the smaller of p and q, in T
+  use_btrs = count * p_low >= 10
+  p = p_low.astype(jnp.float64)
+  reserved = jnp.where(use_btrs, jnp.uint64(_BTRS_BLOCKS), jnp.uint64(_INVERSION_BLOCKS))
+  stream = _Stream(_value_index(*grid) * reserved, jnp.zeros(grid, jnp.uint64))
+  nan = jnp.full(grid, jnp.nan)
+
+  log1p_neg_p = _log1p_neg(p)
+
+  def inversion_attempt(active, state):
+    stream, uniforms, geom_sum, geoms, result = state
+    u, stream, uniforms = _read(key, counter, stream, uniforms, active, _doubles)
+    geom_sum = jnp.where(active, geom_sum + jnp.ceil(jnp.log(u) / log1p_neg_p), geom_sum)
+    accepted = geom_sum > n
+    result = jnp.where(active & accepted, geoms, result)
+    return accepted, (stream, uniforms, geom_sum, jnp.where(active & ~accepted, geoms + 1, geoms), result)
+
+  stddev = jnp.sqrt(n * p * (1 - p))
+  b = 1.15 + 2.53 * stddev
+  a = -0.0873 + 0.0248 * b + 0.01 * p
+  c = n * p + 0.5
+  v_r = 0.92 - 4.2 / b
+  r = p / (1 - p)
+  alpha = (2.83 + 5.1 / b) * stddev
+  m = jnp.floor((n + 1) * p)
+
+  def btrs_attempt(active, state):
+    stream, uniforms, result = state
+    u, stream, uniforms = _read(key, counter, stream, uniforms, active, _doubles)
+    v, stream, uniforms = _read(key, counter, stream, uniforms, active, _doubles)
+    u = u - 0.5
+    us = 0.5 - jnp.abs(u)
+    k = jnp.floor((2 * a / us + b) * u + c)
+    boxed = (us >= 0.07) & (v <= v_r)
+    rejected = (k < 0) | (k > n)
+    v = jnp.log(v * alpha / (a / (us * us) + b))
+    bound = ((m + 0.5) * jnp.log((m + 1) / (r * (n - m + 1))) + (n + 1) * jnp.log((n - m + 1) / (n - k + 1))
+             + (k + 0.5) * jnp.log(r * (n - k + 1) / (k + 1)) + _stirling_tail(m) + _stirling_tail(n - m)
+             - _stirling_tail(k) - _stirling_tail(n - k))
+    accepted = boxed | (~rejected & (v <= bound))
+    return accepted, (stream, uniforms, jnp.where(active & accepted, k, result))
+
+  buffer = _empty(grid, 2, jnp.float64)
+  left_inv, (*_, by_inversion) = _until_accepted(
+      inversion_attempt, valid & ~use_btrs, (stream, buffer, jnp.zeros(grid), jnp.zeros(grid), nan))
+  left_btrs, (*_, by_btrs) = _until_accepted(btrs_attempt, valid & use_btrs, (stream, buffer, nan))
+  draw = jnp.where(use_btrs, jnp.where(left_btrs, jnp.nan, by_btrs), jnp.where(left_inv, jnp.nan, by_inversion))
+  draw = jnp.where(lower, draw, n - draw)
+  return jnp.where(zero, 0.0, jnp.where(one, n, jnp.where(valid, draw, jnp.nan)))
+
+
+# --------------------------------------------------------------------------- op rules
+
+
+def _shape(shape) -> tuple[int, ...]:
+  return tuple(static_ints(shape, "shape of a random op"))
+
+
+def _layout(shape: tuple[int, ...], param_shape: tuple[int, ...], what: str) -> tuple[int, int]:
+  """(samples per parameter, parameters) of an output `shape` that ends with `param_shape`."""
+  if len(param_shape) > len(shape) or tuple(shape[len(shape) - len(param_shape):]) != tuple(param_shape):
+    raise ShapeMismatchError(f"a stateless sampler's shape {list(shape)} must end with its {what}'s shape "
+                             f"{list(param_shape)} (TF's rule); pass shape = sample shape + {list(param_shape)}")
+  params = math.prod(param_shape)
+  return math.prod(shape) // max(params, 1), params
+
+
+def _out_dtype(dtype) -> np.dtype:
+  return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+
+
+def _as_output(values, shape, dtype, infinity=None):
+  """float64 draws in TF's output layout and type. An integer type takes TF's x86 conversion: a value
+  it cannot hold (NaN, inf, out of range) becomes its minimum, and `infinity` (if given) stands for inf."""
+  values = values.reshape(shape)
+  if not jnp.issubdtype(dtype, jnp.integer):
+    return values.astype(dtype)
+  info = jnp.iinfo(dtype)
+  out = jnp.where((values >= info.min) & (values < -float(info.min)), values, info.min).astype(dtype)
+  return out if infinity is None else jnp.where(jnp.isposinf(values), jnp.asarray(infinity, dtype), out)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _run_gamma(shape, out_dtype, samples, key, counter, alpha):
+  return _as_output(_gamma(key, counter, alpha, samples), shape, out_dtype)
+
+
+def _gamma_op(words, shape, dtype, alpha):
+  alpha, out_dtype = jnp.asarray(alpha), _out_dtype(dtype)
+  samples, params = _layout(shape, alpha.shape, "alpha")
+  if samples * params == 0:
+    return jnp.zeros(shape, out_dtype)
+  key, counter = words
+
+  @jax.custom_jvp
+  def draw(alpha):
+    with ph.wide():
+      return _run_gamma(shape, out_dtype, samples, key, counter, alpha.reshape(-1))
+
+  @draw.defjvp
+  def draw_jvp(primals, tangents):   # TF's gradient: d sample / d alpha by implicit differentiation
+    (alpha,), (d_alpha,) = primals, tangents
+    sample = draw(alpha)
+    wide = jnp.promote_types(sample.dtype, jnp.float32)
+    partial = jax.lax.random_gamma_grad(jnp.broadcast_to(alpha, shape).astype(wide), sample.astype(wide))
+    return sample, (partial * jnp.broadcast_to(d_alpha, shape).astype(wide)).astype(sample.dtype)
+
+  return draw(alpha)
+
+
+@register("StatelessRandomGammaV2")
+def stateless_gamma_v2(ctx, shape, seed, alpha):
+  return _gamma_op(seed_words(seed), _shape(shape), ctx.attr("dtype"), alpha)
+
+
+@register("StatelessRandomGammaV3")
+def stateless_gamma_v3(ctx, shape, key, counter, alg, alpha):
+  return _gamma_op(v2_words(key, counter, alg), _shape(shape), ctx.attr("dtype"), alpha)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _run_poisson(shape, out_dtype, samples, key, counter, rate):
+  return _as_output(_poisson(key, counter, rate, samples), shape, out_dtype, infinity=0)
+
+
+@register("StatelessRandomPoisson")
+def stateless_poisson(ctx, shape, seed, lam):
+  shape, rate, out_dtype = _shape(shape), jax.lax.stop_gradient(jnp.asarray(lam)), _out_dtype(ctx.attr("dtype"))
+  samples, params = _layout(shape, rate.shape, "rate")
+  if samples * params == 0:
+    return jnp.zeros(shape, out_dtype)
+  # TF computes in the rate's type, half in float
+  compute = np.float64
+  key, counter = seed_words(seed)
+  with ph.wide():
+    return _run_poisson(shape, out_dtype, samples, key, counter, rate.reshape(-1))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _run_binomial(shape, out_dtype, samples, key, counter, count, prob):
+  return _as_output(_binomial(key, counter, count, prob, samples), shape, out_dtype)
+
+
+@register("StatelessRandomBinomial")
+def stateless_binomial(ctx, shape, seed, counts, probs):
+  shape, out_dtype = _shape(shape), _out_dtype(ctx.attr("dtype"))
+  counts, probs = (jax.lax.stop_gradient(jnp.asarray(v)) for v in (counts, probs))
+  batch = np.broadcast_shapes(counts.shape, probs.shape)
+  samples, params = _layout(shape, batch, "broadcast counts' and probs'")
+  if samples * params == 0:
+    return jnp.zeros(shape, out_dtype)
+  key, counter = seed_words(seed)
+  counts, probs = (jnp.broadcast_to(v, batch).reshape(-1) for v in (counts, probs))
+  with ph.wide():
+    return _run_binomial(shape, out_dtype, samples, key, counter, counts, probs)

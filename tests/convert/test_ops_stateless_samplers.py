@@ -1,0 +1,180 @@
+"""TF's stateless gamma, Poisson and binomial samplers: TF's own values, bit for bit.
+
+Each sampler runs a rejection loop per value (ops/stateless_samplers.py); these tests compare
+every branch of those loops (gamma's exponential, alpha < 1 and >= 1; Poisson's Knuth and
+Hormann branches and its infinite rate; binomial inversion and BTRS, p above and below 1/2, its
+degenerate counts and probabilities) with TF, eagerly and under jit and vmap, for fixed and
+hypothesis-drawn seeds and parameters. Gamma samples carry TF's implicit gradient.
+"""
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import jaxport
+from jaxport.errors import ShapeMismatchError
+
+RAW = tf.raw_ops
+SEEDS = np.array([[3, 7], [0, 0], [2**31 - 1, -2**31], [-5, 123456]], np.int32)
+ALPHAS = np.array([0.05, 0.4, 1.0, 2.5, 30.0, 0.0], np.float32)
+RATES = np.array([0.0, 0.3, 4.0, 9.999, 10.0, 55.5, 1e5, -1.0, np.inf], np.float32)
+COUNTS = np.array([0.0, 5.0, 20.0, 100.0, 100.0, 1e6, 7.5, 12.0, 3.0], np.float32)
+PROBS = np.array([0.5, 0.2, 0.7, 0.05, 0.95, 1e-6, 0.4, 1.0, 0.0], np.float32)
+
+
+def samplers(seed, alpha, rate, counts, probs):
+  key, counter, alg = RAW.StatelessRandomGetKeyCounterAlg(seed=seed)
+  return (
+      RAW.StatelessRandomGammaV2(shape=[40, 6], seed=seed, alpha=alpha),
+      RAW.StatelessRandomGammaV3(shape=[3, 2, 6], key=key, counter=counter, alg=alg,
+                                 alpha=tf.reshape(alpha, [1, 6])[0]),
+      tf.random.stateless_gamma([20, 2, 3], seed, alpha=tf.reshape(alpha, [2, 3])),
+      tf.random.stateless_gamma([30, 2], seed, alpha=tf.cast(alpha[1:3], tf.float16), dtype=tf.float16),
+      tf.random.stateless_poisson([40, 9], seed, lam=rate),
+      tf.random.stateless_poisson([40, 9], seed, lam=rate, dtype=tf.float32),
+      tf.random.stateless_poisson([20, 3], seed, lam=tf.cast(rate[1:4], tf.float16), dtype=tf.float16),
+      tf.random.stateless_binomial([40, 9], seed, counts=counts, probs=probs),
+      tf.random.stateless_binomial([10, 2, 9], seed, counts=counts, probs=tf.stack([probs, 1 - probs]),
+                                   output_dtype=tf.float32),
+  )
+
+
+ARGS = (ALPHAS, RATES, COUNTS, PROBS)
+
+
+def convert(fn, *args):
+  jax_fn, params = jaxport.convert(fn, *args)
+  assert not jax_fn.requires_rng
+  return lambda *a: jax_fn(params, *a)[0]  # noqa: E731
+
+
+def assert_same(expected, got, label=""):
+  got = np.asarray(got)
+  assert got.shape == expected.shape and got.dtype == expected.dtype, (label, got.shape, got.dtype, expected.dtype)
+  np.testing.assert_array_equal(got, expected, err_msg=label)
+
+
+@pytest.fixture(scope="module")
+def converted():
+  return convert(samplers, SEEDS[0], *ARGS)
+
+
+def test_samplers_match_tf_bit_for_bit_eagerly(converted):
+  for seed in SEEDS[:2]:
+    expected = samplers(tf.constant(seed), *ARGS)
+    for i, (e, g) in enumerate(zip(expected, converted(seed, *ARGS))):
+      assert_same(e.numpy(), g, f"output {i}, seed {seed}")
+
+
+@pytest.mark.slow   # one XLA compile of every sampler's loops
+def test_samplers_match_tf_under_jit_and_vmap(converted):
+  batched = jax.jit(jax.vmap(converted, in_axes=(0, None, None, None, None)))(SEEDS, *ARGS)
+  for row, seed in enumerate(SEEDS):
+    expected = samplers(tf.constant(seed), *ARGS)
+    for i, (e, g) in enumerate(zip(expected, batched)):
+      assert_same(e.numpy(), g[row], f"output {i}, seed {seed}")
+
+
+def one_of_each(seed, alpha, rate, counts, probs):
+  return (tf.random.stateless_gamma([25, 4], seed, alpha=alpha),
+          tf.random.stateless_poisson([25, 4], seed, lam=rate, dtype=tf.float32),
+          tf.random.stateless_binomial([25, 4], seed, counts=counts, probs=probs, output_dtype=tf.float32))
+
+
+@pytest.mark.slow   # a jit compile, then 25 drawn cases
+@settings(max_examples=25, deadline=None)
+@given(seed=st.tuples(st.integers(-2**31, 2**31 - 1), st.integers(-2**31, 2**31 - 1)),
+       alpha=st.lists(st.floats(2.0**-10, 50.0, width=32), min_size=4, max_size=4),
+       rate=st.lists(st.floats(0.0, 200.0, width=32), min_size=4, max_size=4),
+       counts=st.lists(st.integers(0, 500), min_size=4, max_size=4),
+       probs=st.lists(st.floats(0.0, 1.0, width=32), min_size=4, max_size=4))
+def test_any_seed_and_parameters_match_tf(one_of_each_jitted, seed, alpha, rate, counts, probs):
+  args = [np.asarray(seed, np.int32)] + [np.asarray(v, np.float32) for v in (alpha, rate, counts, probs)]
+  expected = one_of_each(*(tf.constant(a) for a in args))
+  for i, (e, g) in enumerate(zip(expected, one_of_each_jitted(*args))):
+    assert_same(e.numpy(), g, f"output {i}")
+
+
+@pytest.fixture(scope="module")
+def one_of_each_jitted():
+  example = (SEEDS[0], np.ones(4, np.float32), np.ones(4, np.float32), np.ones(4, np.float32),
+             np.full(4, 0.5, np.float32))
+  return jax.jit(convert(one_of_each, *example))
+
+
+def test_float64_samples_with_x64_match_tf_to_the_ulp():
+  """float64 draws: XLA's and glibc's log, pow and sincos may round an ulp apart (a subprocess: x64 on)."""
+  code = """
+import jax; jax.config.update("jax_enable_x64", True)
+import numpy as np, tensorflow as tf, jaxport
+fn = lambda s: (tf.random.stateless_gamma([300, 3], s, alpha=tf.constant([0.3, 1.0, 4.5], tf.float64),
+                                          dtype=tf.float64),
+                tf.random.stateless_poisson([300, 2], s, lam=tf.constant([3.5, 40.0], tf.float64), dtype=tf.int64),
+                tf.random.stateless_binomial([300, 2], s, counts=tf.constant([8.0, 90.0], tf.float64),
+                                             probs=tf.constant([0.3, 0.6], tf.float64), output_dtype=tf.int64))
+seed = np.array([3, 7], np.int32)
+jax_fn, params = jaxport.convert(fn, seed)
+gamma, poisson, binomial = (np.asarray(x) for x in jax_fn(params, seed)[0])
+e_gamma, e_poisson, e_binomial = (x.numpy() for x in fn(tf.constant(seed)))
+assert gamma.dtype == np.float64 and poisson.dtype == np.int64
+ulps = np.abs(gamma - e_gamma) / np.spacing(e_gamma)
+assert ulps.max() <= 16 and (ulps == 0).mean() > 0.75, (ulps.max(), (ulps == 0).mean())
+np.testing.assert_array_equal(poisson, e_poisson)
+np.testing.assert_array_equal(binomial, e_binomial)
+print("ok")
+"""
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+
+def test_gamma_gradient_matches_tf():
+  alpha = np.array([0.3, 1.0, 2.5, 8.0], np.float32)
+  weights = np.linspace(-1.0, 2.0, 120, dtype=np.float32).reshape(30, 4)
+  fn = lambda a: tf.random.stateless_gamma([30, 4], [5, 6], alpha=a)  # noqa: E731
+  draw = convert(fn, alpha)
+  tf_alpha = tf.constant(alpha)
+  with tf.GradientTape() as tape:
+    tape.watch(tf_alpha)
+    loss = tf.reduce_sum(fn(tf_alpha) * weights)
+  expected = tape.gradient(loss, tf_alpha).numpy()
+  loss_fn = lambda a: jnp.sum(draw(a) * weights)  # noqa: E731
+  np.testing.assert_allclose(jax.grad(loss_fn)(alpha), expected, rtol=2e-5)
+  np.testing.assert_allclose(jax.jit(jax.grad(loss_fn))(alpha), expected, rtol=2e-5)
+  _, tangent = jax.jvp(draw, (alpha,), (np.ones(4, np.float32),))
+  np.testing.assert_allclose(jnp.sum(tangent * weights), expected.sum(), rtol=2e-5)
+  per_alpha = jax.vmap(draw)(np.stack([alpha, alpha + 1]))
+  assert_same(fn(tf.constant(alpha + 1)).numpy(), per_alpha[1])
+
+
+def test_poisson_and_binomial_parameters_get_zero_gradients_as_constants():
+  rate, probs = np.array([3.0, 30.0], np.float32), np.array([0.3, 0.8], np.float32)
+  draw = convert(lambda r, p: (tf.random.stateless_poisson([8, 2], [1, 2], lam=r, dtype=tf.float32),
+                               tf.random.stateless_binomial([8, 2], [1, 2], counts=[4.0, 40.0], probs=p,
+                                                            output_dtype=tf.float32)), rate, probs)
+  grads = jax.grad(lambda r, p: sum(jnp.sum(x) for x in draw(r, p)), argnums=(0, 1))(rate, probs)
+  for g in grads:
+    np.testing.assert_array_equal(g, 0.0)
+
+
+def test_nan_parameters_end_as_nan_where_tf_would_loop_forever():
+  """TF's Poisson kernel never accepts a NaN rate (its loop does not end); here the value is NaN."""
+  draw = jax.jit(convert(lambda r, a: (tf.random.stateless_poisson([3, 2], [1, 2], lam=r, dtype=tf.float32),
+                                       tf.random.stateless_gamma([3, 2], [1, 2], alpha=a)),
+                         np.ones(2, np.float32), np.ones(2, np.float32)))
+  poisson, gamma = draw(np.array([np.nan, 2.0], np.float32), np.array([np.nan, 2.0], np.float32))
+  assert np.isnan(poisson[:, 0]).all() and np.isfinite(poisson[:, 1]).all()
+  assert np.isnan(gamma[:, 0]).all() and np.isfinite(gamma[:, 1]).all()
+
+
+def test_a_shape_that_does_not_end_with_the_parameters_shape_is_a_typed_error():
+  fn = lambda a: RAW.StatelessRandomGammaV2(shape=[4, 5], seed=[1, 2], alpha=a)  # noqa: E731
+  with pytest.raises(tf.errors.InvalidArgumentError):
+    fn(tf.ones([3]))
+  with pytest.raises(ShapeMismatchError, match=r"must end with its alpha's shape \[3\]"):
+    convert(fn, np.ones(3, np.float32))(np.ones(3, np.float32))
