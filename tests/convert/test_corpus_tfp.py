@@ -121,15 +121,6 @@ def truncated_normal_sample():
   return fn, (_x((3,)),), dict(grad=False)
 
 
-TRUNCATED_NORMAL = ("TFP draws with StatelessParameterizedTruncatedNormal, whose rule here samples with "
-                    "jax.random.truncated_normal from a key made of the seed, not with TF's kernel (one Philox "
-                    "stream per shard of its thread pool, skipped by the shard's first output, then normal, "
-                    "exponential or uniform rejection by the bounds): valid samples, not TF's. TF's own "
-                    "samples depend on its thread count beyond a few dozen outputs (a 4000x3 draw, same "
-                    "seed: other values with 1 and 2 intra-op threads), so no converter can match them "
-                    "in general")
-
-
 def mvn_sample():
   fn = lambda loc: tfd.MultivariateNormalDiag(loc, [1.0, 2.0, 0.5]).sample(4, seed=SEED)
   return fn, (_x((3,)),), dict(grad=False)
@@ -254,7 +245,6 @@ def sample_chain():
 
 
 XFAIL = {   # name: (precise cause, the error it raises)
-    "truncated_normal_sample": (TRUNCATED_NORMAL, AssertionError),
     "gp_noiseless": (ILL_CONDITIONED, AssertionError),
     "log_bessel_kve": (KVE_UNDER_JIT, AssertionError),
 }

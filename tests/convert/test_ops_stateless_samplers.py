@@ -1,10 +1,12 @@
-"""TF's stateless gamma, Poisson and binomial samplers: TF's own values, bit for bit.
+"""TF's stateless gamma, Poisson, binomial and parameterized truncated normal samplers: TF's values.
 
-Each sampler runs a rejection loop per value (ops/stateless_samplers.py); these tests compare
-every branch of those loops (gamma's exponential, alpha < 1 and >= 1; Poisson's Knuth and
-Hormann branches and its infinite rate; binomial inversion and BTRS, p above and below 1/2, its
-degenerate counts and probabilities) with TF, eagerly and under jit and vmap, for fixed and
-hypothesis-drawn seeds and parameters. Gamma samples carry TF's implicit gradient.
+Each sampler runs a rejection loop (ops/stateless_samplers.py); these tests compare every branch
+of those loops (gamma's exponential, alpha < 1 and >= 1; Poisson's Knuth and Hormann branches and
+its infinite rate; binomial inversion and BTRS, p above and below 1/2, its degenerate counts and
+probabilities; the truncated normal's normal, uniform and exponential proposals, on TF's shards)
+with TF, eagerly and under jit and vmap, for fixed and hypothesis-drawn seeds and parameters:
+bit for bit, except the truncated normal's normal proposals (within 2 ulp, TF's glibc logf and
+sincosf). Gamma samples carry TF's implicit gradient.
 """
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxport
+from jaxport.convert.ops import stateless_random, stateless_samplers
 from jaxport.errors import ShapeMismatchError
 
 RAW = tf.raw_ops
@@ -116,12 +119,16 @@ import numpy as np, tensorflow as tf, jaxport
 fn = lambda s: (tf.random.stateless_gamma([300, 3], s, alpha=tf.constant([0.3, 1.0, 4.5], tf.float64),
                                           dtype=tf.float64),
                 tf.random.stateless_poisson([300, 2], s, lam=tf.constant([3.5, 40.0], tf.float64), dtype=tf.int64),
+                tf.random.stateless_parameterized_truncated_normal(
+                    [300, 3], s, tf.constant([0.0, 1.0, 0.0], tf.float64), tf.constant([1.0, 0.5, 2.0], tf.float64),
+                    tf.constant([-0.3, 2.0, -9.0], tf.float64), tf.constant([0.3, 9.0, 9.0], tf.float64)),
                 tf.random.stateless_binomial([300, 2], s, counts=tf.constant([8.0, 90.0], tf.float64),
                                              probs=tf.constant([0.3, 0.6], tf.float64), output_dtype=tf.int64))
 seed = np.array([3, 7], np.int32)
 jax_fn, params = jaxport.convert(fn, seed)
-gamma, poisson, binomial = (np.asarray(x) for x in jax_fn(params, seed)[0])
-e_gamma, e_poisson, e_binomial = (x.numpy() for x in fn(tf.constant(seed)))
+gamma, poisson, truncated, binomial = (np.asarray(x) for x in jax_fn(params, seed)[0])
+e_gamma, e_poisson, e_truncated, e_binomial = (x.numpy() for x in fn(tf.constant(seed)))
+np.testing.assert_array_equal(truncated, e_truncated)   # no float32 logf/sincosf here: all exact
 assert gamma.dtype == np.float64 and poisson.dtype == np.int64
 ulps = np.abs(gamma - e_gamma) / np.spacing(e_gamma)
 assert ulps.max() <= 16 and (ulps == 0).mean() > 0.75, (ulps.max(), (ulps == 0).mean())
@@ -178,3 +185,84 @@ def test_a_shape_that_does_not_end_with_the_parameters_shape_is_a_typed_error():
     fn(tf.ones([3]))
   with pytest.raises(ShapeMismatchError, match=r"must end with its alpha's shape \[3\]"):
     convert(fn, np.ones(3, np.float32))(np.ones(3, np.float32))
+
+
+# --------------------------------------------------------------------------- parameterized truncated normal
+
+
+def truncated(shape, mean, stddev, low, high, dtype=tf.float32):
+  """A StatelessParameterizedTruncatedNormal draw."""
+  return lambda s: tf.random.stateless_parameterized_truncated_normal(
+      shape, s, tf.constant(mean, dtype), tf.constant(stddev, dtype), tf.constant(low, dtype),
+      tf.constant(high, dtype))
+
+
+# normal proposals (bounds wide about the mean), uniform (narrow), exponential (one tail), the
+# upper tail mirrored, several batches, half precision, and one output split into TF's shards
+TRUNCATED = {
+    "normal": truncated([40], 0.0, 1.0, -2.0, 2.0),
+    "uniform": truncated([40], 0.5, 2.0, 0.0, 1.0),
+    "exponential": truncated([40], 0.0, 1.5, 3.0, 10.0),
+    "upper_tail": truncated([40], 0.0, 1.0, -10.0, -2.0),
+    "batches": truncated([30, 4], [0.0, 1.0, -1.0, 5.0], [1.0, 0.5, 2.0, 1.0], [-2.0, 1.1, 0.5, -np.inf],
+                         [2.0, 1.3, 10.0, 4.0]),
+    "half": truncated([50, 2], [0.0, 1.0], [1.0, 0.5], [-0.3, 2.0], [0.3, 9.0], tf.float16),
+    "sharded": truncated([4000, 3], [0.0, 1.0, 0.0], [1.0, 0.5, 3.0], [-1.0, 2.0, -0.5], [3.0, 9.0, 0.5]),
+}
+
+
+@pytest.mark.parametrize("name", list(TRUNCATED))
+def test_truncated_normal_matches_tf(name):
+  fn = TRUNCATED[name]
+  expected = fn(tf.constant(SEEDS[0])).numpy()
+  got = np.asarray(jax.jit(convert(fn, SEEDS[0]))(SEEDS[0]))
+  assert got.shape == expected.shape and got.dtype == expected.dtype
+  ulps = np.abs(got.astype(np.float64) - expected) / np.spacing(np.abs(expected)).astype(np.float64)
+  assert ulps.max() <= 2, (name, ulps.max())
+  assert (ulps == 0).mean() >= (0.95 if name in ("normal", "batches", "sharded") else 1.0), (ulps == 0).mean()
+
+
+def test_the_sharded_case_spans_several_of_tfs_shards():
+  """TF splits a large draw over its thread pool by its cost model, each shard reading its own stream:
+  the "sharded" case above must span several (on one CPU, TF runs one shard, and so does jaxport)."""
+  threads = stateless_random.tf_threads()
+  shard = stateless_random.eigen_block_size(12000, stateless_samplers._truncated_cost(np.float32), threads)
+  assert shard < 12000 if threads > 1 else shard == 12000
+
+
+@pytest.mark.slow   # a jit compile, then 25 drawn cases
+@settings(max_examples=25, deadline=None)
+@given(seed=st.tuples(st.integers(-2**31, 2**31 - 1), st.integers(-2**31, 2**31 - 1)),
+       mean=st.lists(st.floats(-3.0, 3.0, width=32), min_size=3, max_size=3),
+       stddev=st.lists(st.floats(0.125, 4.0, width=32), min_size=3, max_size=3),
+       low=st.lists(st.floats(-6.0, 6.0, width=32), min_size=3, max_size=3),
+       width=st.lists(st.floats(0.015625, 8.0, width=32), min_size=3, max_size=3))
+def test_truncated_normal_with_any_seed_and_parameters_matches_tf(truncated_jitted, seed, mean, stddev, low, width):
+  args = [np.asarray(seed, np.int32)] + [np.asarray(v, np.float32) for v in (mean, stddev, low)]
+  args.append(args[3] + np.asarray(width, np.float32))
+  expected = truncated_by_args(*(tf.constant(a) for a in args)).numpy()
+  got = np.asarray(truncated_jitted(*args)).astype(np.float64)
+  # a normal proposal n may be 2 ulp off; TF's own `n * stddev + mean` carries that into the value
+  normal = ((expected - args[1]) / args[2]).astype(np.float32)
+  slack = 2 * np.spacing(np.abs(normal)) * args[2] + 2 * np.spacing(np.abs(expected).astype(np.float32))
+  assert np.all(np.abs(got - expected) <= slack), np.abs(got - expected).max()
+  assert (got == expected).mean() > 0.9
+
+
+def truncated_by_args(seed, mean, stddev, low, high):
+  return tf.random.stateless_parameterized_truncated_normal([20, 3], seed, mean, stddev, low, high)
+
+
+@pytest.fixture(scope="module")
+def truncated_jitted():
+  ones = np.ones(3, np.float32)
+  return jax.jit(convert(truncated_by_args, SEEDS[0], 0 * ones, ones, -ones, ones))
+
+
+def test_truncated_normal_with_invalid_parameters_is_nan_where_tf_raises():
+  fn = lambda s, sd: tf.random.stateless_parameterized_truncated_normal([5, 2], s, 0.0, sd, -1.0, 1.0)  # noqa: E731
+  with pytest.raises(tf.errors.InvalidArgumentError, match="Invalid parameters"):
+    fn(tf.constant(SEEDS[0]), tf.constant([1.0, 0.0]))
+  draw = jax.jit(convert(fn, SEEDS[0], np.ones(2, np.float32)))
+  out = np.asarray(draw(SEEDS[0], np.array([1.0, 0.0], np.float32)))
+  assert np.isfinite(out[:, 0]).all() and np.isnan(out[:, 1]).all()

@@ -6,11 +6,11 @@ converted function, with a key derived from `rng` and the node's name, so distin
 nodes draw independent values; values follow TF's distributions, shapes and dtypes.
 The op-level `seed` attrs are ignored.
 
-The stateless parameterized truncated normal and shuffle ops need no `rng`: they are
-deterministic functions of their seed (through `stateless_random.jax_key_from_seed`), with
-TF's distributions but jax.random's samplers, so not TF's exact values. The other stateless
-ops reproduce TF's values: `ops/stateless_random.py` (uniform, normal, int, multinomial) and
-`ops/stateless_samplers.py` (gamma, Poisson, binomial).
+StatelessShuffle needs no `rng`: it is a deterministic function of its key and counter
+(through `stateless_random.jax_key_from_key_counter`), a permutation but not TF's. The other
+stateless ops reproduce TF's values: `ops/stateless_random.py` (uniform, normal, int,
+multinomial) and `ops/stateless_samplers.py` (gamma, Poisson, binomial, parameterized
+truncated normal).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxport.convert.ops._util import static_ints
-from jaxport.convert.ops.stateless_random import jax_key_from_key_counter, jax_key_from_seed
+from jaxport.convert.ops.stateless_random import jax_key_from_key_counter
 from jaxport.convert.registry import register
 
 
@@ -118,16 +118,6 @@ def random_poisson(ctx, shape, rate):
 
 
 # --------------------------------------------------------------------------- stateless ops
-
-
-@register("StatelessParameterizedTruncatedNormal")
-def stateless_parameterized_truncated_normal(ctx, shape, seed, means, stddevs, minvals, maxvals):
-  shape, dtype = _shape(shape), _dtype(ctx.attr("dtype"))
-  means, stddevs, minvals, maxvals = (jnp.broadcast_to(jnp.asarray(v, dtype), shape)
-                                      for v in (means, stddevs, minvals, maxvals))
-  unit = jax.random.truncated_normal(jax_key_from_seed(seed), (minvals - means) / stddevs,
-                                     (maxvals - means) / stddevs, shape, dtype)
-  return unit * stddevs + means
 
 
 @register("StatelessShuffle")

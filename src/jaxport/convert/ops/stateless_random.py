@@ -21,10 +21,10 @@ Within 2 ulp of TF, the same stream and transforms, StatelessRandomNormal(V2) an
   whose |value| lies within an ulp of 2 could in principle be accepted by one and not
   the other (never seen). The truncated normals' rejection loop reads at most 24 of the
   256 words TF reserves per group of values; a group needing more has odds below 1e-13.
-StatelessRandomGammaV2/V3, StatelessRandomPoisson, StatelessRandomBinomial: TF's rejection
-  samplers, value for value, in `ops/stateless_samplers.py`.
-Not exact (deterministic from the seed, TF's distributions, jax.random's samplers):
-  StatelessParameterizedTruncatedNormal, StatelessShuffle (in `ops/random.py`).
+StatelessRandomGammaV2/V3, StatelessRandomPoisson, StatelessRandomBinomial,
+  StatelessParameterizedTruncatedNormal: TF's rejection samplers, value for value, in
+  `ops/stateless_samplers.py` (the truncated normal's normal proposals within 2 ulp, as above).
+Not exact (deterministic from the seed, jax.random's permutation): StatelessShuffle (`ops/random.py`).
 
 Algorithms: TF's CPU kernels run Philox (1) and auto-select (3, i.e. Philox); ThreeFry (2)
   is refused on CPU by TF and here too.
@@ -287,12 +287,12 @@ def stateless_uniform_full_int_v2(ctx, shape, key, counter, alg):
 
 # --------------------------------------------------------------------------- multinomial
 
-def _tf_threads() -> int:
+def tf_threads() -> int:
   """The size of TF's intra-op thread pool by default: the CPUs this process may run on."""
   return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def _eigen_block_size(n: int, cost_per_unit: int, threads: int) -> int:
+def eigen_block_size(n: int, cost_per_unit: int, threads: int) -> int:
   """Rows per shard of TF's Shard (Eigen's ThreadPoolDevice::parallelFor and its cost model)."""
   total = n * float(cost_per_unit)
   if n <= 1 or threads <= 1 or min(threads, max(1, int((total - 100_000) / 100_000 + 0.9))) == 1:
@@ -319,7 +319,7 @@ def _multinomial_rows_start(batch: int, num_samples: int, num_classes: int) -> l
   Skip(first_row * (num_samples + 3) / 4) blocks and its rows then read 2 words a draw.
   """
   cost = int(50 * (num_samples * math.log(max(num_classes, 1)) / math.log(2) + num_classes))
-  block = _eigen_block_size(batch, cost, _tf_threads())
+  block = eigen_block_size(batch, cost, tf_threads())
   starts = []
   for row in range(batch):
     first = row - row % block
@@ -375,11 +375,6 @@ def _first_words(key, counter):
   return jnp.stack(jnp.broadcast_arrays(block[0], block[1]), -1).astype(jnp.uint32)
 
 
-def jax_key_from_seed(seed):
-  """A jax.random key determined by a V1 op's seed (for the samplers not reproduced bit for bit)."""
-  return _jax_key(seed_words(seed))
-
-
 def jax_key_from_key_counter(key, counter, alg):
-  """A jax.random key determined by a V2 op's key, counter and alg."""
+  """A jax.random key determined by a V2 op's key, counter and alg (for StatelessShuffle, not reproduced)."""
   return _jax_key(v2_words(key, counter, alg))

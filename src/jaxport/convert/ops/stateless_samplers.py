@@ -33,7 +33,7 @@ import numpy as np
 
 from jaxport.convert.ops import philox as ph
 from jaxport.convert.ops._util import static_ints
-from jaxport.convert.ops.stateless_random import seed_words, v2_words
+from jaxport.convert.ops.stateless_random import eigen_block_size, seed_words, tf_threads, v2_words
 from jaxport.convert.registry import register
 from jaxport.errors import ShapeMismatchError
 
@@ -99,6 +99,13 @@ def _log1p_neg(x):
   """
   w = jax.lax.optimization_barrier(1 - x)
   return jnp.log(w) - ((w - 1) + x) / w
+
+
+def _unfused(x):
+  """`x`, which XLA cannot fuse with the operation that reads it: XLA:CPU contracts a multiply and an
+  add into an FMA even across converts or an optimization barrier (TF's kernels round both); a select
+  stops it."""
+  return jnp.where(jnp.isnan(x), jnp.nan, x)
 
 
 def _until_accepted(attempt, active, state):
@@ -270,6 +277,109 @@ def _binomial(key, counter, count, prob, samples: int):
   return jnp.where(zero, 0.0, jnp.where(one, n, jnp.where(valid, draw, jnp.nan)))
 
 
+# --------------------------------------------------------------------------- parameterized truncated normal
+
+
+_TRUNCATED_MAX_ITERATIONS = 1000   # TF's kMaxIterations: its stream reservation per value is 2x this
+_RANDN_INSIDE = 1.3                # stddevs inside the bounds for TF to sample normals and reject
+
+
+def _truncated_cost(dtype) -> int:
+  """TF's Shard cost per value (TruncatedNormalFunctorV2's batchCost, Eigen's AVX costs, no FMA)."""
+  exp, sqrt = {8: (51, 28), 4: (34, 8), 2: (43, 8)}[np.dtype(dtype).itemsize]
+  init = 4 + 2 + sqrt + 4 + exp + 1
+  uniform_round = 13 + 1 + 1 + 2 + 1 + 13 + exp + 1 + 1
+  return init + 2 * uniform_round
+
+
+def _unit(words, dtype):
+  """UniformDistribution<T>: 4 values per block (2 for double), as float64."""
+  if np.dtype(dtype) == np.float64:
+    return _doubles(words)
+  if np.dtype(dtype) == np.float32:
+    return jnp.stack([ph.unit_float32(w) for w in words], -1).astype(jnp.float64)
+  return jnp.stack([ph.unit_half(w, dtype) for w in words], -1).astype(jnp.float64)
+
+
+def _normal_block(words, dtype):
+  """NormalDistribution<T>: 4 normals per block (2 for double), as float64."""
+  if np.dtype(dtype) == np.float64:
+    return _normals(words)
+  pairs = ph.box_muller_float32(words[0], words[1]) + ph.box_muller_float32(words[2], words[3])
+  return jnp.stack(pairs, -1).astype(dtype).astype(jnp.float64)
+
+
+def _truncated_normal(key, counter, params, samples: int, dtype, shard: int):
+  """[samples, batches] draws of TF's CPU kernel; `params` (mean, stddev, minval, maxval) are [batches].
+
+  TF shards the values (parameter-major) over its thread pool; a shard reads one stream from
+  Skip(first value * 2000 / values per block) and its values, in order, take from it what their
+  sampler needs (normals with rejection, uniform proposals, or exponential proposals), a block at a
+  time; what a value's last block leaves is dropped. Shards run in lock-step here, values in a shard
+  one after another.
+  """
+  def r(x):   # TF's arithmetic in T: each result rounded to T, and kept apart from the next operation
+    return _unfused(x.astype(dtype).astype(jnp.float64))
+
+  per_block = 2 if np.dtype(dtype) == np.float64 else 4
+  mean, stddev, minval, maxval = (p.astype(jnp.float64) for p in params)
+  batches = mean.shape[0]
+  total = batches * samples
+  invalid = ~((stddev > 0) & (minval < maxval) & (jnp.isfinite(minval) | jnp.isfinite(maxval)))
+  swap = (jnp.isinf(minval) & (minval < 0)) | (maxval < mean)
+  minval, maxval, stddev = jnp.where(swap, maxval, minval), jnp.where(swap, minval, maxval), jnp.where(swap, -stddev, stddev)
+  norm_min, norm_max = r(r(minval - mean) / stddev), r(r(maxval - mean) / stddev)
+  sqrt_factor = r(jnp.sqrt(r(r(norm_min * norm_min) + 4)))
+  cutoff = r(r(2 * r(jnp.exp(r(0.5 + r(r(norm_min * r(norm_min - sqrt_factor)) / 4))))) / r(norm_min + sqrt_factor))
+  diff = r(norm_max - norm_min)
+  inside = r(jnp.float64(_RANDN_INSIDE))
+  randn = ((norm_min < -inside) & (norm_max >= 0)) | ((norm_max > inside) & (norm_min <= 0))
+  uniform = ~randn & (diff < cutoff)
+  plus_factor = jnp.where(norm_min < 0, 0.0, r(norm_min * norm_min))
+  alpha = r(r(norm_min + sqrt_factor) / 2)
+
+  starts = np.arange(0, total, shard, dtype=np.int64)
+  limits = jnp.asarray(np.minimum(starts + shard, total))
+  skips = jnp.asarray(((starts * 2 * _TRUNCATED_MAX_ITERATIONS + per_block - 1) // per_block).astype(np.uint64))
+
+  def step(state):
+    step_count, pos, used, out = state
+    active = pos < limits
+    b = jnp.clip(pos // samples, 0, batches - 1)
+    at = lambda v: v[b][:, None]  # noqa: E731  (the current batch's parameter, per shard)
+    first = ph.philox(jnp, ph.skip(jnp, counter, skips + used), key)
+    second = ph.philox(jnp, ph.skip(jnp, counter, skips + used + 1), key)
+    scale, shift, low, high = at(stddev), at(mean), at(norm_min), at(norm_max)
+    normals = _normal_block(first, dtype)
+    randn_ok, randn_value = (normals >= low) & (normals <= high), r(r(normals * scale) + shift)
+    rand, u = _unit(first, dtype), _unit(second, dtype)
+    z = r(r(rand * at(diff)) + low)
+    uniform_ok = u <= r(jnp.exp(r(r(at(plus_factor) - r(z * z)) / 2)))
+    uniform_value = r(r(z * scale) + shift)
+    ze = r(r(-r(jnp.log(rand[:, 0::2])) / at(alpha)) + low)
+    x = jnp.where(low < at(alpha), r(at(alpha) - ze), r(low - at(alpha)))
+    exp_ok = (rand[:, 1::2] <= r(jnp.exp(r(r(-x * x) / 2)))) & (ze < high)
+    exp_ok = jnp.pad(exp_ok, ((0, 0), (0, per_block - exp_ok.shape[1])))
+    exp_value = jnp.pad(r(r(ze * scale) + shift), ((0, 0), (0, per_block - ze.shape[1])))
+    method_randn, method_uniform = at(randn), at(uniform)
+    ok = jnp.where(method_randn, randn_ok, jnp.where(method_uniform, uniform_ok, exp_ok))
+    value = jnp.where(method_randn, randn_value, jnp.where(method_uniform, uniform_value, exp_value))
+    room = jnp.minimum((b + 1) * samples, limits) - pos
+    ok = jnp.where(at(invalid), True, ok)   # TF raises "Invalid parameters"; here the batch is NaN
+    value = jnp.where(at(invalid), jnp.nan, value)
+    rank = jnp.cumsum(ok, axis=1)
+    take = ok & (rank <= room[:, None]) & active[:, None]
+    out = out.at[jnp.where(take, pos[:, None] + rank - 1, total)].set(value, mode="drop")
+    pos = pos + jnp.where(active, jnp.minimum(rank[:, -1], room), 0)
+    blocks = jnp.where(invalid[b], 0, jnp.where(uniform[b], 2, 1))
+    return step_count + 1, pos, used + jnp.where(active, blocks, 0).astype(jnp.uint64), out
+
+  max_steps = _TRUNCATED_MAX_ITERATIONS * shard
+  state = (jnp.int32(0), jnp.asarray(starts), jnp.zeros(starts.shape, jnp.uint64), jnp.full(total, jnp.nan))
+  _, _, _, out = jax.lax.while_loop(lambda st: (st[0] < max_steps) & jnp.any(st[1] < limits), step, state)
+  return out.reshape(batches, samples).T
+
+
 # --------------------------------------------------------------------------- op rules
 
 
@@ -374,3 +484,24 @@ def stateless_binomial(ctx, shape, seed, counts, probs):
   counts, probs = (jnp.broadcast_to(v, batch).reshape(-1) for v in (counts, probs))
   with ph.wide():
     return _run_binomial(shape, out_dtype, samples, key, counter, counts, probs)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _run_truncated_normal(shape, dtype, samples, shard, key, counter, *params):
+  values = _truncated_normal(key, counter, params, samples, dtype, shard)
+  return values.reshape(shape).astype(jax.dtypes.canonicalize_dtype(dtype))
+
+
+@register("StatelessParameterizedTruncatedNormal")
+def stateless_parameterized_truncated_normal(ctx, shape, seed, means, stddevs, minvals, maxvals):
+  shape, dtype = _shape(shape), np.dtype(ctx.attr("dtype"))
+  params = [jax.lax.stop_gradient(jnp.asarray(v)) for v in (means, stddevs, minvals, maxvals)]
+  batch = np.broadcast_shapes(*(p.shape for p in params))
+  samples, batches = _layout(shape, batch, "broadcast parameters'")
+  if samples * batches == 0:
+    return jnp.zeros(shape, _out_dtype(dtype))
+  shard = eigen_block_size(samples * batches, _truncated_cost(dtype), tf_threads())
+  key, counter = seed_words(seed)
+  params = [jnp.broadcast_to(p, batch).reshape(-1) for p in params]
+  with ph.wide():
+    return _run_truncated_normal(shape, dtype, samples, shard, key, counter, *params)
