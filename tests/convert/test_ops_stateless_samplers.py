@@ -1,4 +1,4 @@
-"""TF's stateless gamma, Poisson, binomial and parameterized truncated normal samplers: TF's values.
+"""TF's stateless gamma, Poisson, binomial and parameterized truncated normal samplers and its shuffle.
 
 Each sampler runs a rejection loop (ops/stateless_samplers.py); these tests compare every branch
 of those loops (gamma's exponential, alpha < 1 and >= 1; Poisson's Knuth and Hormann branches and
@@ -6,7 +6,7 @@ its infinite rate; binomial inversion and BTRS, p above and below 1/2, its degen
 probabilities; the truncated normal's normal, uniform and exponential proposals, on TF's shards)
 with TF, eagerly and under jit and vmap, for fixed and hypothesis-drawn seeds and parameters:
 bit for bit, except the truncated normal's normal proposals (within 2 ulp, TF's glibc logf and
-sincosf). Gamma samples carry TF's implicit gradient.
+sincosf). Gamma samples carry TF's implicit gradient. StatelessShuffle is TF's Fisher-Yates order.
 """
 import subprocess
 import sys
@@ -266,3 +266,22 @@ def test_truncated_normal_with_invalid_parameters_is_nan_where_tf_raises():
   draw = jax.jit(convert(fn, SEEDS[0], np.ones(2, np.float32)))
   out = np.asarray(draw(SEEDS[0], np.array([1.0, 0.0], np.float32)))
   assert np.isfinite(out[:, 0]).all() and np.isnan(out[:, 1]).all()
+
+
+# --------------------------------------------------------------------------- shuffle
+
+
+def shuffled(seed, value):
+  key, counter, alg = RAW.StatelessRandomGetKeyCounterAlg(seed=seed)
+  return RAW.StatelessShuffle(value=value, key=key, counter=counter, alg=alg)
+
+
+@pytest.mark.parametrize("value", [np.arange(2000, dtype=np.int32), np.arange(30, dtype=np.float32).reshape(10, 3),
+                                   np.arange(2, dtype=np.int32), np.ones(1, np.float32), np.zeros((0, 3), np.int32)],
+                         ids=["1d", "rows", "two", "one", "empty"])
+def test_stateless_shuffle_is_tfs_permutation(value):
+  draw = jax.jit(convert(shuffled, SEEDS[0], value))
+  for seed in SEEDS:
+    assert_same(shuffled(tf.constant(seed), tf.constant(value)).numpy(), draw(seed, value), f"seed {seed}")
+  per_seed = jax.vmap(lambda s: draw(s, value))(SEEDS)
+  assert_same(shuffled(tf.constant(SEEDS[2]), tf.constant(value)).numpy(), per_seed[2])

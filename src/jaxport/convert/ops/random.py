@@ -1,4 +1,4 @@
-"""Op rules: stateful random ops, drawn from the `rng` key; stateless samplers TF's values elude.
+"""Op rules: stateful random ops, drawn from the `rng` key.
 
 Stateful ops (RandomUniform, ...) cannot reproduce TF's values (TF's generator state
 is not part of the graph): they draw from the PRNG key passed as `rng=` to the
@@ -6,11 +6,9 @@ converted function, with a key derived from `rng` and the node's name, so distin
 nodes draw independent values; values follow TF's distributions, shapes and dtypes.
 The op-level `seed` attrs are ignored.
 
-StatelessShuffle needs no `rng`: it is a deterministic function of its key and counter
-(through `stateless_random.jax_key_from_key_counter`), a permutation but not TF's. The other
-stateless ops reproduce TF's values: `ops/stateless_random.py` (uniform, normal, int,
-multinomial) and `ops/stateless_samplers.py` (gamma, Poisson, binomial, parameterized
-truncated normal).
+The stateless ops reproduce TF's values: `ops/stateless_random.py` (uniform, normal,
+int, multinomial) and `ops/stateless_samplers.py` (gamma, Poisson, binomial,
+parameterized truncated normal, shuffle).
 """
 from __future__ import annotations
 
@@ -19,7 +17,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxport.convert.ops._util import static_ints
-from jaxport.convert.ops.stateless_random import jax_key_from_key_counter
 from jaxport.convert.registry import register
 
 
@@ -115,12 +112,3 @@ def random_gamma(ctx, shape, alpha):
 @register("RandomPoisson", "RandomPoissonV2", needs_rng=True)
 def random_poisson(ctx, shape, rate):
   return _poisson(_node_key(ctx), _shape(shape), rate, ctx.attr("dtype"))
-
-
-# --------------------------------------------------------------------------- stateless ops
-
-
-@register("StatelessShuffle")
-def stateless_shuffle(ctx, value, key, counter, alg):
-  key = jax_key_from_key_counter(key, counter, alg)
-  return jax.random.permutation(key, jnp.asarray(value), axis=0, independent=False)

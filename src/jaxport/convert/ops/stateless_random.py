@@ -22,9 +22,9 @@ Within 2 ulp of TF, the same stream and transforms, StatelessRandomNormal(V2) an
   the other (never seen). The truncated normals' rejection loop reads at most 24 of the
   256 words TF reserves per group of values; a group needing more has odds below 1e-13.
 StatelessRandomGammaV2/V3, StatelessRandomPoisson, StatelessRandomBinomial,
-  StatelessParameterizedTruncatedNormal: TF's rejection samplers, value for value, in
-  `ops/stateless_samplers.py` (the truncated normal's normal proposals within 2 ulp, as above).
-Not exact (deterministic from the seed, jax.random's permutation): StatelessShuffle (`ops/random.py`).
+  StatelessParameterizedTruncatedNormal, StatelessShuffle: TF's rejection samplers and its
+  Fisher-Yates shuffle, value for value, in `ops/stateless_samplers.py` (the truncated
+  normal's normal proposals within 2 ulp, as above).
 
 Algorithms: TF's CPU kernels run Philox (1) and auto-select (3, i.e. Philox); ThreeFry (2)
   is refused on CPU by TF and here too.
@@ -356,25 +356,3 @@ def stateless_multinomial(ctx, logits, num_samples, seed):
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _run_multinomial(num_samples, out_dtype, key, counter, logits):
   return _multinomial(key, counter, logits, num_samples).astype(out_dtype)
-
-
-# --------------------------------------------------------------------------- keys for jax.random
-
-
-def _jax_key(words):
-  """A jax.random key made of the first Philox block of (key, counter): the seed's, and only its."""
-  (key, counter) = words
-  with ph.wide():
-    data = _first_words(key, counter)
-  return jax.random.wrap_key_data(data, impl="threefry2x32")
-
-
-@jax.jit
-def _first_words(key, counter):
-  block = ph.philox(jnp, counter, key)
-  return jnp.stack(jnp.broadcast_arrays(block[0], block[1]), -1).astype(jnp.uint32)
-
-
-def jax_key_from_key_counter(key, counter, alg):
-  """A jax.random key determined by a V2 op's key, counter and alg (for StatelessShuffle, not reproduced)."""
-  return _jax_key(v2_words(key, counter, alg))

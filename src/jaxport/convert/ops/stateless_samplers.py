@@ -505,3 +505,31 @@ def stateless_parameterized_truncated_normal(ctx, shape, seed, means, stddevs, m
   params = [jnp.broadcast_to(p, batch).reshape(-1) for p in params]
   with ph.wide():
     return _run_truncated_normal(shape, dtype, samples, shard, key, counter, *params)
+
+
+# --------------------------------------------------------------------------- shuffle
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _permutation(size: int, key, counter):
+  """TF's Fisher-Yates order: position i swaps with i + word_i % (size - i), words read in stream order."""
+  words = ph.blocks(key, counter, -(-(size - 1) // 4)).reshape(-1)[:size - 1]
+  index = jnp.arange(size - 1, dtype=jnp.uint64)
+  partner = (index + words % (jnp.uint64(size) - index)).astype(jnp.int32)
+
+  def swap(i, perm):
+    j = partner[i]
+    return perm.at[i].set(perm[j]).at[j].set(perm[i])
+
+  return jax.lax.fori_loop(0, size - 1, swap, jnp.arange(size, dtype=jnp.int32))
+
+
+@register("StatelessShuffle")
+def stateless_shuffle(ctx, value, key, counter, alg):
+  value = jnp.asarray(value)
+  if value.ndim == 0 or value.shape[0] <= 1 or value.size <= 1:
+    return value
+  key, counter = v2_words(key, counter, alg)
+  with ph.wide():
+    perm = _permutation(value.shape[0], key, counter)
+  return jnp.take(value, perm, axis=0)
