@@ -231,7 +231,6 @@ class Library:
     """
     memo = self.memo.setdefault("implementation", {})
     if name not in memo:
-      memo[name] = name
       memo[name] = self._cpu_sibling(name) or name
     return memo[name]
 

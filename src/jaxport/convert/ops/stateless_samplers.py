@@ -1,25 +1,27 @@
-"""Op rules: TF's stateless gamma, Poisson and binomial samplers, value for value.
+"""Op rules: TF's stateless gamma, Poisson, binomial and truncated normal samplers and its shuffle.
 
-TF's CPU kernels give each output value its own Philox stream: the op's counter skipped by
-a fixed reservation (256 blocks per value; 42 for binomial inversion) times the value's
-index. Values are indexed parameter-major (every sample of the first alpha, rate or
-(count, prob) pair first), while the output is laid out sample-major. Each value then runs
-a rejection loop that reads numbers from its stream through small buffers: a block gives
-2 doubles, 2 normals (Box-Muller) or 4 floats, handed out last first.
+Gamma, Poisson, binomial: TF's CPU kernels give each output value its own Philox stream, the
+op's counter skipped by a fixed reservation (256 blocks per value; 42 for binomial inversion)
+times the value's index. Values are indexed parameter-major (every sample of the first alpha,
+rate or (count, prob) pair first), while the output is laid out sample-major. Each value runs
+a rejection loop that reads numbers from its stream through small buffers: a block gives 2
+doubles or 2 normals (Box-Muller), handed out last first. Here all values run that loop in
+lock-step: one `lax.while_loop` whose step makes one attempt for every value still rejected,
+reading a new block only where its buffer is empty. The arithmetic is TF's: float64 (a float32
+Poisson rate included). Left: XLA's and glibc's float64 log/exp/pow/lgamma/sin may round an
+ulp apart, so float64 samples can be a few ulp off, and a float32 one only when that moves an
+accept test, a floor or the final rounding (never seen in the tests' draws).
 
-Here all values run that loop in lock-step: one `lax.while_loop` whose step makes one
-attempt for every value still rejected, reading a new block only where its buffer is
-empty. The arithmetic is TF's, in its precision: float64, or float32 for a float32
-Poisson rate, there computed in float64 and rounded after each operation, so that XLA's
-fused multiply-adds cannot move a decision. What can still differ: XLA's and glibc's
-log/exp/pow/lgamma may round an ulp apart, which changes a value only when an accept test
-or a floor lands within that ulp (never seen in the tests' draws), and the last bit of a
-float32 gamma sample computed from a float64 one an ulp apart.
+The parameterized truncated normal shares one stream per shard of TF's thread pool (see
+`_truncated_normal`), in T arithmetic, so its shards follow TF's cost model on this machine's
+CPUs; its normal proposals are TF's float32 normals, within 2 ulp (`philox.box_muller_float32`).
+The shuffle is TF's Fisher-Yates order.
 
 Gradients: gamma samples carry TF's implicit reparameterization gradient with respect to
-alpha (RandomGammaGrad, as TF's registered gradient); Poisson and binomial samples have
-none (their parameters are held constant). A value still rejected after
-`_MAX_ATTEMPTS` attempts (TF would keep drawing; only a NaN parameter gets there) is NaN.
+alpha (RandomGammaGrad, as TF's registered gradient); the other samplers have none (their
+parameters are held constant). A value still rejected after `_MAX_ATTEMPTS` attempts (TF would
+keep drawing; only a NaN parameter gets there) is NaN, and so are truncated normals whose
+parameters TF refuses ("Invalid parameters").
 """
 from __future__ import annotations
 
@@ -123,6 +125,14 @@ def _until_accepted(attempt, active, state):
   return active, state
 
 
+def _hormann_pair(key, counter, stream, uniforms, active):
+  """A transformed-rejection proposal's uniforms (Hormann): u - 1/2, v and 1/2 - |u - 1/2|."""
+  u, stream, uniforms = _read(key, counter, stream, uniforms, active, _doubles)
+  v, stream, uniforms = _read(key, counter, stream, uniforms, active, _doubles)
+  u = u - 0.5
+  return u, v, 0.5 - jnp.abs(u), stream, uniforms
+
+
 def _value_index(samples: int, params: int):
   """[samples, params]: each value's index in TF's parameter-major order."""
   return (jnp.arange(params, dtype=jnp.uint64)[None, :] * jnp.uint64(samples)
@@ -187,10 +197,7 @@ def _poisson(key, counter, rate, samples: int):
 
   def hormann_attempt(active, state):
     stream, uniforms, result = state
-    u, stream, uniforms = _read(key, counter, stream, uniforms, active, _doubles)
-    v, stream, uniforms = _read(key, counter, stream, uniforms, active, _doubles)
-    u = u - 0.5
-    u_shifted = 0.5 - jnp.abs(u)
+    u, v, u_shifted, stream, uniforms = _hormann_pair(key, counter, stream, uniforms, active)
     k = jnp.floor((2 * a / u_shifted + b) * u + rate + 0.43)
     boxed = (u_shifted >= 0.07) & (v <= box_v)
     rejected = (k < 0) | ((u_shifted < 0.013) & (v > u_shifted))
@@ -254,10 +261,7 @@ def _binomial(key, counter, count, prob, samples: int):
 
   def btrs_attempt(active, state):
     stream, uniforms, result = state
-    u, stream, uniforms = _read(key, counter, stream, uniforms, active, _doubles)
-    v, stream, uniforms = _read(key, counter, stream, uniforms, active, _doubles)
-    u = u - 0.5
-    us = 0.5 - jnp.abs(u)
+    u, v, us, stream, uniforms = _hormann_pair(key, counter, stream, uniforms, active)
     k = jnp.floor((2 * a / us + b) * u + c)
     boxed = (us >= 0.07) & (v <= v_r)
     rejected = (k < 0) | (k > n)
@@ -327,7 +331,8 @@ def _truncated_normal(key, counter, params, samples: int, dtype, shard: int):
   total = batches * samples
   invalid = ~((stddev > 0) & (minval < maxval) & (jnp.isfinite(minval) | jnp.isfinite(maxval)))
   swap = (jnp.isinf(minval) & (minval < 0)) | (maxval < mean)
-  minval, maxval, stddev = jnp.where(swap, maxval, minval), jnp.where(swap, minval, maxval), jnp.where(swap, -stddev, stddev)
+  minval, maxval = jnp.where(swap, maxval, minval), jnp.where(swap, minval, maxval)
+  stddev = jnp.where(swap, -stddev, stddev)
   norm_min, norm_max = r(r(minval - mean) / stddev), r(r(maxval - mean) / stddev)
   sqrt_factor = r(jnp.sqrt(r(r(norm_min * norm_min) + 4)))
   cutoff = r(r(2 * r(jnp.exp(r(0.5 + r(r(norm_min * r(norm_min - sqrt_factor)) / 4))))) / r(norm_min + sqrt_factor))
@@ -374,7 +379,7 @@ def _truncated_normal(key, counter, params, samples: int, dtype, shard: int):
     blocks = jnp.where(invalid[b], 0, jnp.where(uniform[b], 2, 1))
     return step_count + 1, pos, used + jnp.where(active, blocks, 0).astype(jnp.uint64), out
 
-  max_steps = _TRUNCATED_MAX_ITERATIONS * shard
+  max_steps = min(_TRUNCATED_MAX_ITERATIONS * shard, 2**31 - 1)
   state = (jnp.int32(0), jnp.asarray(starts), jnp.zeros(starts.shape, jnp.uint64), jnp.full(total, jnp.nan))
   _, _, _, out = jax.lax.while_loop(lambda st: (st[0] < max_steps) & jnp.any(st[1] < limits), step, state)
   return out.reshape(batches, samples).T
