@@ -285,3 +285,13 @@ def test_stateless_shuffle_is_tfs_permutation(value):
     assert_same(shuffled(tf.constant(seed), tf.constant(value)).numpy(), draw(seed, value), f"seed {seed}")
   per_seed = jax.vmap(lambda s: draw(s, value))(SEEDS)
   assert_same(shuffled(tf.constant(SEEDS[2]), tf.constant(value)).numpy(), per_seed[2])
+
+
+def test_stateless_shuffle_of_many_sizes_is_tfs_permutation():
+  """The permutation is computed without TF's sequential swaps (ops/stateless_samplers._permutation);
+  every size's swap chains must still end where TF's do."""
+  for size in (3, 4, 5, 17, 64, 257, 4099):
+    value = np.arange(size, dtype=np.int32)
+    draw = jax.jit(convert(shuffled, SEEDS[0], value))
+    for seed in SEEDS:
+      assert_same(shuffled(tf.constant(seed), tf.constant(value)).numpy(), draw(seed, value), f"{size}, {seed}")
