@@ -17,16 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxport.convert.ops._util import static_ints
+from jaxport.convert.ops.stateless_random import sample_shape
 from jaxport.convert.registry import register
 
 
 def _dtype(dtype):
   """JAX's width for `dtype` (int64/float64 narrow to 32 bits unless x64 is enabled)."""
   return jax.dtypes.canonicalize_dtype(dtype)
-
-
-def _shape(shape) -> tuple[int, ...]:
-  return tuple(static_ints(shape, "shape of a random op"))
 
 
 # --------------------------------------------------------------------------- keys
@@ -76,22 +73,22 @@ def _poisson(key, shape, rate, dtype):
 
 @register("RandomUniform", needs_rng=True)
 def random_uniform(ctx, shape):
-  return _uniform(_node_key(ctx), _shape(shape), ctx.attr("dtype"))
+  return _uniform(_node_key(ctx), sample_shape(shape), ctx.attr("dtype"))
 
 
 @register("RandomStandardNormal", needs_rng=True)
 def random_standard_normal(ctx, shape):
-  return _normal(_node_key(ctx), _shape(shape), ctx.attr("dtype"))
+  return _normal(_node_key(ctx), sample_shape(shape), ctx.attr("dtype"))
 
 
 @register("TruncatedNormal", needs_rng=True)
 def truncated_normal(ctx, shape):
-  return _truncated_normal(_node_key(ctx), _shape(shape), ctx.attr("dtype"))
+  return _truncated_normal(_node_key(ctx), sample_shape(shape), ctx.attr("dtype"))
 
 
 @register("RandomUniformInt", needs_rng=True)
 def random_uniform_int(ctx, shape, minval, maxval):
-  return _uniform_int(_node_key(ctx), _shape(shape), ctx.attr("Tout"), minval, maxval)
+  return _uniform_int(_node_key(ctx), sample_shape(shape), ctx.attr("Tout"), minval, maxval)
 
 
 @register("RandomShuffle", needs_rng=True)
@@ -106,9 +103,9 @@ def multinomial(ctx, logits, num_samples):
 
 @register("RandomGamma", needs_rng=True)
 def random_gamma(ctx, shape, alpha):
-  return _gamma(_node_key(ctx), _shape(shape), alpha, ctx.attr("T"))
+  return _gamma(_node_key(ctx), sample_shape(shape), alpha, ctx.attr("T"))
 
 
 @register("RandomPoisson", "RandomPoissonV2", needs_rng=True)
 def random_poisson(ctx, shape, rate):
-  return _poisson(_node_key(ctx), _shape(shape), rate, ctx.attr("dtype"))
+  return _poisson(_node_key(ctx), sample_shape(shape), rate, ctx.attr("dtype"))

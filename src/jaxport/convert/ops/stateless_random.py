@@ -52,7 +52,8 @@ _TRUNCATE = 2.0            # TF truncates normals to (-2, 2)
 _TRUNCATED_BLOCKS = 6      # Philox blocks read per truncated-normal group (TF may read 256)
 
 
-def _shape(shape) -> tuple[int, ...]:
+def sample_shape(shape) -> tuple[int, ...]:
+  """A random op's static output shape."""
   return tuple(static_ints(shape, "shape of a random op"))
 
 
@@ -232,28 +233,28 @@ def _run_sampler(sampler, shape, dtype, out_dtype, key, counter, *args):
 
 @register("StatelessRandomUniform")
 def stateless_uniform(ctx, shape, seed):
-  return _sample(_uniform, seed_words(seed), _shape(shape), ctx.attr("dtype"))
+  return _sample(_uniform, seed_words(seed), sample_shape(shape), ctx.attr("dtype"))
 
 
 @register("StatelessRandomNormal")
 def stateless_normal(ctx, shape, seed):
-  return _sample(_normal, seed_words(seed), _shape(shape), ctx.attr("dtype"))
+  return _sample(_normal, seed_words(seed), sample_shape(shape), ctx.attr("dtype"))
 
 
 @register("StatelessTruncatedNormal")
 def stateless_truncated_normal(ctx, shape, seed):
-  return _sample(_truncated_normal, seed_words(seed), _shape(shape), ctx.attr("dtype"))
+  return _sample(_truncated_normal, seed_words(seed), sample_shape(shape), ctx.attr("dtype"))
 
 
 @register("StatelessRandomUniformInt")
 def stateless_uniform_int(ctx, shape, seed, minval, maxval):
   _check_range(minval, maxval)
-  return _sample(_uniform_int, seed_words(seed), _shape(shape), ctx.attr("dtype"), minval, maxval)
+  return _sample(_uniform_int, seed_words(seed), sample_shape(shape), ctx.attr("dtype"), minval, maxval)
 
 
 @register("StatelessRandomUniformFullInt")
 def stateless_uniform_full_int(ctx, shape, seed):
-  return _sample(_uniform_full_int, seed_words(seed), _shape(shape), ctx.attr("dtype"))
+  return _sample(_uniform_full_int, seed_words(seed), sample_shape(shape), ctx.attr("dtype"))
 
 
 # --------------------------------------------------------------------------- V2 ops (key, counter, alg)
@@ -261,28 +262,28 @@ def stateless_uniform_full_int(ctx, shape, seed):
 
 @register("StatelessRandomUniformV2")
 def stateless_uniform_v2(ctx, shape, key, counter, alg):
-  return _sample(_uniform, v2_words(key, counter, alg), _shape(shape), ctx.attr("dtype"))
+  return _sample(_uniform, v2_words(key, counter, alg), sample_shape(shape), ctx.attr("dtype"))
 
 
 @register("StatelessRandomNormalV2")
 def stateless_normal_v2(ctx, shape, key, counter, alg):
-  return _sample(_normal, v2_words(key, counter, alg), _shape(shape), ctx.attr("dtype"))
+  return _sample(_normal, v2_words(key, counter, alg), sample_shape(shape), ctx.attr("dtype"))
 
 
 @register("StatelessTruncatedNormalV2")
 def stateless_truncated_normal_v2(ctx, shape, key, counter, alg):
-  return _sample(_truncated_normal, v2_words(key, counter, alg), _shape(shape), ctx.attr("dtype"))
+  return _sample(_truncated_normal, v2_words(key, counter, alg), sample_shape(shape), ctx.attr("dtype"))
 
 
 @register("StatelessRandomUniformIntV2")
 def stateless_uniform_int_v2(ctx, shape, key, counter, alg, minval, maxval):
   _check_range(minval, maxval)
-  return _sample(_uniform_int, v2_words(key, counter, alg), _shape(shape), ctx.attr("dtype"), minval, maxval)
+  return _sample(_uniform_int, v2_words(key, counter, alg), sample_shape(shape), ctx.attr("dtype"), minval, maxval)
 
 
 @register("StatelessRandomUniformFullIntV2")
 def stateless_uniform_full_int_v2(ctx, shape, key, counter, alg):
-  return _sample(_uniform_full_int, v2_words(key, counter, alg), _shape(shape), ctx.attr("dtype"))
+  return _sample(_uniform_full_int, v2_words(key, counter, alg), sample_shape(shape), ctx.attr("dtype"))
 
 
 # --------------------------------------------------------------------------- multinomial

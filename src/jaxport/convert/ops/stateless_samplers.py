@@ -34,8 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxport.convert.ops import philox as ph
-from jaxport.convert.ops._util import static_ints
-from jaxport.convert.ops.stateless_random import eigen_block_size, seed_words, tf_threads, v2_words
+from jaxport.convert.ops.stateless_random import eigen_block_size, sample_shape, seed_words, tf_threads, v2_words
 from jaxport.convert.registry import register
 from jaxport.errors import ShapeMismatchError
 
@@ -388,10 +387,6 @@ def _truncated_normal(key, counter, params, samples: int, dtype, shard: int):
 # --------------------------------------------------------------------------- op rules
 
 
-def _shape(shape) -> tuple[int, ...]:
-  return tuple(static_ints(shape, "shape of a random op"))
-
-
 def _layout(shape: tuple[int, ...], param_shape: tuple[int, ...], what: str) -> tuple[int, int]:
   """(samples per parameter, parameters) of an output `shape` that ends with `param_shape`."""
   if len(param_shape) > len(shape) or tuple(shape[len(shape) - len(param_shape):]) != tuple(param_shape):
@@ -446,12 +441,12 @@ def _gamma_op(words, shape, dtype, alpha):
 
 @register("StatelessRandomGammaV2")
 def stateless_gamma_v2(ctx, shape, seed, alpha):
-  return _gamma_op(seed_words(seed), _shape(shape), ctx.attr("dtype"), alpha)
+  return _gamma_op(seed_words(seed), sample_shape(shape), ctx.attr("dtype"), alpha)
 
 
 @register("StatelessRandomGammaV3")
 def stateless_gamma_v3(ctx, shape, key, counter, alg, alpha):
-  return _gamma_op(v2_words(key, counter, alg), _shape(shape), ctx.attr("dtype"), alpha)
+  return _gamma_op(v2_words(key, counter, alg), sample_shape(shape), ctx.attr("dtype"), alpha)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
@@ -461,7 +456,7 @@ def _run_poisson(shape, out_dtype, samples, key, counter, rate):
 
 @register("StatelessRandomPoisson")
 def stateless_poisson(ctx, shape, seed, lam):
-  shape, rate, out_dtype = _shape(shape), jax.lax.stop_gradient(jnp.asarray(lam)), _out_dtype(ctx.attr("dtype"))
+  shape, rate, out_dtype = sample_shape(shape), jax.lax.stop_gradient(jnp.asarray(lam)), _out_dtype(ctx.attr("dtype"))
   samples, params = _layout(shape, rate.shape, "rate")
   if samples * params == 0:
     return jnp.zeros(shape, out_dtype)
@@ -479,7 +474,7 @@ def _run_binomial(shape, out_dtype, samples, key, counter, count, prob):
 
 @register("StatelessRandomBinomial")
 def stateless_binomial(ctx, shape, seed, counts, probs):
-  shape, out_dtype = _shape(shape), _out_dtype(ctx.attr("dtype"))
+  shape, out_dtype = sample_shape(shape), _out_dtype(ctx.attr("dtype"))
   counts, probs = (jax.lax.stop_gradient(jnp.asarray(v)) for v in (counts, probs))
   batch = np.broadcast_shapes(counts.shape, probs.shape)
   samples, params = _layout(shape, batch, "broadcast counts' and probs'")
@@ -499,7 +494,7 @@ def _run_truncated_normal(shape, dtype, samples, shard, key, counter, *params):
 
 @register("StatelessParameterizedTruncatedNormal")
 def stateless_parameterized_truncated_normal(ctx, shape, seed, means, stddevs, minvals, maxvals):
-  shape, dtype = _shape(shape), np.dtype(ctx.attr("dtype"))
+  shape, dtype = sample_shape(shape), np.dtype(ctx.attr("dtype"))
   params = [jax.lax.stop_gradient(jnp.asarray(v)) for v in (means, stddevs, minvals, maxvals)]
   batch = np.broadcast_shapes(*(p.shape for p in params))
   samples, batches = _layout(shape, batch, "broadcast parameters'")
