@@ -48,6 +48,16 @@ class _ConvSpec:
     pairs = list(zip(explicit[::2], explicit[1::2]))
     self.explicit = [pairs[i] for i in spatial] if self.padding == "EXPLICIT" else None
 
+  def _key(self):
+    return (self.data_format, tuple(self.strides), tuple(self.dilations), self.padding,
+            None if self.explicit is None else tuple(map(tuple, self.explicit)))
+
+  def __eq__(self, other):
+    return isinstance(other, _ConvSpec) and self._key() == other._key()
+
+  def __hash__(self):
+    return hash(self._key())
+
   def pads(self, spatial_shape, window):
     return _window_pads(spatial_shape, window, self.strides, self.dilations, self.padding, self.explicit)
 
@@ -86,11 +96,29 @@ def _conv(x, w, spec: _ConvSpec):
     return _depthwise(x, jnp.reshape(w, (*w.shape[:2], groups, w.shape[-1] // groups)), spec)
   if groups == 1 and (cpu_lowering := conv_lowering.choose_cpu_lowering(x, w, spec)) is not None:
     # Dense 2-D convs as GEMMs/Winograd on CPU (see conv_lowering), XLA's conv elsewhere (cuDNN).
-    return lax.platform_dependent(jnp.asarray(x), jnp.asarray(w), cpu=functools.partial(cpu_lowering, spec=spec),
-                                  default=functools.partial(conv_lowering.conv_xla, spec=spec))
+    return _traced_once(_by_platform, x, w, spec, cpu=cpu_lowering, default=conv_lowering.conv_xla)
   if groups == 1 and len(spec.spatial) == 2 and conv_lowering.tap_filter_grad_pays(w.shape[:2]):
-    return conv_lowering.conv_xla_tap_filter_grad(x, w, spec)
+    return _traced_once(conv_lowering.conv_xla_tap_filter_grad, x, w, spec)
   return conv_lowering.conv_xla(x, w, spec, groups)
+
+
+def _traced_once(fn, x, w, spec: _ConvSpec, **static):
+  """`fn(x, w, spec, **static)` traced once per shape, spec and static arguments: a model's same-shape
+  convs share one trace and one lowered function (DenseNet121's 58 3x3 convs have 4 shapes)."""
+  return _traced_once_jit(x, w, fn=fn, spec=spec, static=tuple(sorted(static.items())),
+                          exporting=export_marks.exporting_now())
+
+
+@functools.partial(jax.jit, static_argnames=("fn", "spec", "static", "exporting"))
+def _traced_once_jit(x, w, *, fn, spec, static, exporting):
+  del exporting   # a key only: marked rules trace differently while exporting
+  return fn(x, w, spec, **dict(static))
+
+
+def _by_platform(x, w, spec: _ConvSpec, *, cpu, default):
+  """`cpu(x, w, spec)` on CPU, `default(x, w, spec)` elsewhere."""
+  return lax.platform_dependent(x, w, cpu=functools.partial(cpu, spec=spec),
+                                default=functools.partial(default, spec=spec))
 
 
 @register("Conv2D", convolution=True)
@@ -201,10 +229,7 @@ def _depthwise_shifted_filter_grad(x, dy, spec: _ConvSpec, shape):
 def _depthwise(x, w, spec: _ConvSpec):
   # Lowering chosen per backend: shifted multiply-adds on CPU (30-60x faster on XLA:CPU),
   # a grouped convolution elsewhere (what cuDNN is fast at).
-  return lax.platform_dependent(
-      jnp.asarray(x), jnp.asarray(w),
-      cpu=functools.partial(_depthwise_shifted, spec=spec),
-      default=functools.partial(_depthwise_grouped, spec=spec))
+  return _traced_once(_by_platform, x, w, spec, cpu=_depthwise_shifted, default=_depthwise_grouped)
 
 
 @register("DepthwiseConv2dNative", convolution=True)
