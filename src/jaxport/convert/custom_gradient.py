@@ -112,13 +112,15 @@ def prepare(tf_graph, graph: GraphFunction, variable_ref, library: Library | Non
   if library is not None:   # inner boundaries first: an outer one's forward graph copies them
     boundaries = set(plain)
     order = dependency_order(plain, lambda n: [src for src, _ in graph.nodes[n].inputs])
+    # Rewiring a boundary to read its arguments keeps this order topological.
+    position = {name: i for i, name in enumerate(order)}
     for name in (n for n in order if n in boundaries):
-      _take_forward(graph, graph.nodes[name], found, library)
+      _take_forward(graph, graph.nodes[name], found, library, position)
   graph._schedule = None   # node inputs changed
   return found
 
 
-def _take_forward(graph: GraphFunction, node: Node, found: dict, library: Library) -> None:
+def _take_forward(graph: GraphFunction, node: Node, found: dict, library: Library, position: dict[str, int]) -> None:
   """Moves the computation of boundary `node`'s results from its arguments into its `forward` when that
   is pure (no variable writes, no rng), and rewires `node` to read the arguments, the outside tensors
   that computation reads, then the captures the forward graph does not compute. Boundaries inside
@@ -128,12 +130,16 @@ def _take_forward(graph: GraphFunction, node: Node, found: dict, library: Librar
   results, args = node.inputs[:k], node.inputs[k:custom.n_inputs]
   captured = node.inputs[custom.n_inputs:]
   arg_refs = set(args)
+  # Nodes before every argument in topological order cannot read one: the walk stops there (else each
+  # boundary walked the whole graph above it: EfficientNetB0's 49 boundaries, quadratic).
+  first_arg = min((position.get(src, -1) for src, _ in args), default=-1)
+  after_args = lambda n: [src for src, _ in graph.nodes[n].inputs if position.get(src, len(position)) >= first_arg]
   depends: dict[str, bool] = {}   # per node the results need: whether it reads an argument
-  for name in dependency_order([src for src, _ in results], lambda n: [src for src, _ in graph.nodes[n].inputs]):
-    depends[name] = any(ref in arg_refs or depends[ref[0]] for ref in graph.nodes[name].inputs)
+  for name in dependency_order([src for src, _ in results], after_args):
+    depends[name] = any(ref in arg_refs or depends.get(ref[0], False) for ref in graph.nodes[name].inputs)
 
   def computed_from_args(refs) -> list[str]:
-    return [ref[0] for ref in refs if ref not in arg_refs and depends[ref[0]]]
+    return [ref[0] for ref in refs if ref not in arg_refs and depends.get(ref[0], False)]
 
   inside = dependency_order(computed_from_args(results), lambda n: computed_from_args(graph.nodes[n].inputs))
   if not inside or not _pure(library, [graph.nodes[name] for name in inside]):
