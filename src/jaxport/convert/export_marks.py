@@ -40,9 +40,13 @@ def exporting_now() -> bool:
   return bool(getattr(_state, "depth", 0))
 
 
+def _any_traced(arrays) -> bool:
+  return any(isinstance(a, jax.core.Tracer) for a in arrays)
+
+
 def active(*arrays) -> bool:
   """Whether `jaxport.export` is tracing and some of `arrays` are traced (constants need no mark)."""
-  return bool(getattr(_state, "depth", 0)) and any(isinstance(a, jax.core.Tracer) for a in arrays)
+  return exporting_now() and _any_traced(arrays)
 
 
 def named_jit(name: str, fn: Callable) -> Callable:
@@ -67,7 +71,7 @@ def marked(name: str, static: bool = False) -> Callable[[Callable], Callable]:
     @functools.wraps(fn)
     def rule(*args, **static_args):
       # Constants stay constants (a stop_gradient of a shape must stay static); they have no derivative.
-      if not any(isinstance(a, jax.core.Tracer) for a in args):
+      if not _any_traced(args):
         return fn(*args, **static_args)
       key = _encoded(static_args) if static else ""
       if not exporting_now():

@@ -106,9 +106,8 @@ def truncate_div(xp, x, y):
 
 def _numpy_api(op_type, name):
   """Registers `op_type` as the function called `name` in both NumPy and jax.numpy."""
-  lax_fn = _LAX_BINARY.get(name)
-  if lax_fn is not None:
-    _elementwise(op_type)(lambda xp, *xs: _lax_binary(lax_fn, *xs) if xp is jnp else getattr(xp, name)(*xs))
+  if name in _LAX_BINARY:
+    _elementwise(op_type)(lambda xp, *xs: _lax_binary(name, *xs) if xp is jnp else getattr(xp, name)(*xs))
   else:
     _elementwise(op_type)(lambda xp, *xs: getattr(xp, name)(*xs))
 
@@ -124,20 +123,18 @@ def _strongly_typed_array(x) -> bool:
   return isinstance(x, jax.Array) and not x.aval.weak_type
 
 
-def _lax_binary(lax_fn, x, y):
+def _lax_binary(name: str, x, y):
+  """`jnp.<name>(x, y)` for a name in `_LAX_BINARY`, by lax where the operands agree in dtype."""
   if not (_strongly_typed_array(x) and _strongly_typed_array(y) and x.dtype == y.dtype
           and x.dtype != np.bool_):
-    return getattr(jnp, _LAX_NAMES[lax_fn])(x, y)
+    return getattr(jnp, name)(x, y)
   shape = lax.broadcast_shapes(x.shape, y.shape)
 
   def broadcast(v):
     if v.shape == shape:
       return v
     return lax.broadcast_in_dim(v, shape, tuple(range(len(shape) - v.ndim, len(shape))))
-  return lax_fn(broadcast(x), broadcast(y))
-
-
-_LAX_NAMES = {fn: name for name, fn in _LAX_BINARY.items()}
+  return _LAX_BINARY[name](broadcast(x), broadcast(y))
 
 
 for _op, _name in {
@@ -196,8 +193,9 @@ def _log1p(xp, x):
   if xp is np or x.dtype != np.float64:
     return xp.log1p(x)
   near_zero = jnp.abs(x) < 0.5   # u in (0.5, 1.5): no zero, infinity or cancellation to guard
-  u = lax.optimization_barrier(1 + jnp.where(near_zero, x, 0))
-  corrected = jnp.log(u) - ((u - 1) - jnp.where(near_zero, x, 0)) / u
+  small = jnp.where(near_zero, x, 0)
+  u = lax.optimization_barrier(1 + small)
+  corrected = jnp.log(u) - ((u - 1) - small) / u
   return jnp.where(near_zero, corrected, jnp.log1p(x))
 
 
