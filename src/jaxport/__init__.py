@@ -15,7 +15,8 @@ from jaxport.convert.inspect import InspectReport, inspect
 from jaxport.errors import (ArtifactError, AssertionFailedError, ConfigError, DeviceMismatchError, DtypeCastWarning,
                             DtypeMismatchError, DynamicLoopError, DynamicShapeError, JaxportError, MissingInputError,
                             PaddedSizeError, ShapeMismatchError, ShardedArrayError, SignatureError, StableHLOError,
-                            StaticArgumentError, UnsupportedOperationsError, UnsupportedValueError, ZeroCopyError)
+                            StaticArgumentError, UnsupportedOperationsError, UnsupportedValueError, X64NarrowingWarning,
+                            X64OverflowError, ZeroCopyError)
 from jaxport.interop import shares_memory, to_cupy, to_jax, to_numpy, to_tf, to_torch
 from jaxport.sharding import fsdp_shardings, shard_params
 from jaxport.xla_options import jit
@@ -33,5 +34,5 @@ __all__ = [
     "to_jax", "to_torch", "to_tf", "to_numpy", "to_cupy", "shares_memory",
     "ZeroCopyError", "DeviceMismatchError", "ShardedArrayError", "AssertionFailedError", "StableHLOError",
     "ConfigError", "DtypeCastWarning", "StaticArgumentError", "UnsupportedValueError",
-    "DynamicShapeError", "DynamicLoopError", "PaddedSizeError",
+    "DynamicShapeError", "DynamicLoopError", "PaddedSizeError", "X64NarrowingWarning", "X64OverflowError",
 ]

@@ -193,9 +193,19 @@ class InvalidNodeError(JaxportError, ValueError):
   names the node and quotes TF's rule."""
 
 
+class X64OverflowError(JaxportError, OverflowError):
+  """64-bit integers outside the 32-bit range while jax_enable_x64 is off: JAX would store them in 32 bits
+  and wrap them, so they are refused instead."""
+
+
 class BatchFallbackWarning(UserWarning):
   """An export without example inputs could not keep the batch dim symbolic and fixed it instead."""
 
 
 class DtypeCastWarning(UserWarning):
   """An input or param of another dtype was cast to the traced dtype (`strict_dtype_check` off)."""
+
+
+class X64NarrowingWarning(UserWarning):
+  """A converted function declares 64-bit inputs, outputs or params while jax_enable_x64 is off: JAX
+  computes them in 32 bits (float64 loses precision, int64 beyond 32 bits would wrap)."""

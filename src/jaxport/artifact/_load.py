@@ -20,6 +20,7 @@ from jaxport.artifact._params import read_params
 from jaxport.call_forms import CallForms
 from jaxport.errors import (ArtifactError, DtypeMismatchError, MissingInputError, ShapeMismatchError,
                             StableHLOError)
+from jaxport.interop._dtypes import check_fits_jax
 
 
 class LoadedFunction(CallForms):
@@ -91,6 +92,8 @@ class LoadedFunction(CallForms):
 
   def _array(self, x, spec: mf.ArraySpec, what: str, batch: dict | None):
     # device_put, not jnp.asarray: a NumPy view of a CPU jax.Array's buffer (load's params) is not copied
+    if isinstance(x, (np.ndarray, np.generic)):
+      check_fits_jax(np.asarray(x), what)
     x = x if isinstance(x, jax.Array) else jax.device_put(x) if isinstance(x, np.ndarray) else jnp.asarray(x)
     if np.dtype(x.dtype) != spec.dtype:
       raise DtypeMismatchError(f"{what}: the artifact takes {spec.dtype.name}, got {np.dtype(x.dtype).name}; "

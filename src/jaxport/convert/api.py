@@ -19,7 +19,7 @@ from jaxport.convert.ops._util import has_symbolic, stage_dims
 from jaxport.convert.registry import Tier, get_rule, ops_where
 from jaxport.convert.tiers import GRAPH_INPUT_OPS, op_tier
 from jaxport.convert.signature import (InputSpec, Signature, composite_kind, check_params, is_static_leaf,
-                                       path_name, plain_structure)
+                                       path_name, plain_structure, warn_if_narrowed)
 from jaxport.errors import (UnsupportedValueError, MissingInputError, SignatureError, StaticArgumentError,
                             UnsupportedOperationsError)
 
@@ -534,6 +534,7 @@ def _from_concrete(cf, keras_variables: dict[int, KerasVariable], input_structur
   jax_fn.params = params
   jax_fn.tf_variables = tf_variables   # the TF variable behind each params key
   _annotate(jax_fn, cf, signature_of)
+  warn_if_narrowed(specs, jax_fn.structured_outputs, params)
   jax_fn.trainable = {k: bool(v.trainable) for k, v in params.items()}
   return jax_fn, params
 

@@ -22,7 +22,7 @@ from jaxport.convert import api
 from jaxport.convert.graph import GraphFunction, Library, Node, decode_nodes, parse_tensor_name
 from jaxport.convert.interpreter import Runtime, run_function
 from jaxport.convert.registry import ops_where
-from jaxport.convert.signature import InputSpec, Signature
+from jaxport.convert.signature import InputSpec, Signature, warn_if_narrowed
 from jaxport.convert.v1_control_flow import lower_v1_graph
 from jaxport.errors import MissingInputError, UnsupportedOperationsError, UnsupportedValueError
 
@@ -137,6 +137,7 @@ def convert_graph_def(graph_def, inputs: Sequence[str], outputs: str | Sequence[
       output_leaves=list(range(len(output_refs))), param_specs=param_specs, config=conf,
       requires_rng=bool(ops_where(needs_rng=True).intersection(uses)), name="graph_def")
   _annotate(jax_fn, specs, [graph.nodes[n] for n, _ in output_refs], single)
+  warn_if_narrowed(specs, jax_fn.structured_outputs, params)
   jax_fn.params = params
   jax_fn.tf_variables = {}
   jax_fn.trainable = {k: True for k in params}

@@ -7,7 +7,9 @@ arguments are matched by name, never by sorted position), no `None` where a tens
 traced, and dense tensors. An input or param of another dtype kind (ints where floats
 were traced) is cast to the traced dtype with a one-time `DtypeCastWarning`, or refused
 under `strict_dtype_check`; another width of the same kind (bfloat16 for float32) passes
-as given, so lower-precision runs stay possible. Static leaves that differ from the traced ones are reported
+as given, so lower-precision runs stay possible. While jax_enable_x64 is off, JAX holds 64-bit values in
+32 bits: a conversion that declares float64/complex128 leaves warns once (`X64NarrowingWarning`), and
+64-bit integer inputs or params whose values do not fit 32 bits are refused (`X64OverflowError`). Static leaves that differ from the traced ones are reported
 as `StaticMismatch`es: the caller retraces for them or raises, never computing the
 traced branch for another value.
 """
@@ -23,7 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 import tree
 
-from jaxport.errors import (DtypeCastWarning, DtypeMismatchError, UnsupportedValueError, MissingInputError,
+from jaxport.interop._dtypes import check_fits_jax, x64_narrowed
+from jaxport.errors import (X64NarrowingWarning, DtypeCastWarning, DtypeMismatchError, UnsupportedValueError, MissingInputError,
                             ShapeMismatchError, SignatureError, StringTensorError)
 
 
@@ -175,6 +178,7 @@ class Signature:
       if x.dtype.kind in "OSU":
         raise StringTensorError(f"input {spec.path} holds strings ({x.dtype}); JAX has no string arrays. "
                                 "Encode them as numbers before calling (e.g. token ids).")
+      check_fits_jax(x, f"input {spec.path}")
     if strict_shape and spec.shape is not None:
       got = tuple(x.shape)
       if len(got) != len(spec.shape) or any(e is not None and e != g for e, g in zip(spec.shape, got)):
@@ -223,7 +227,10 @@ def check_params(params, specs: Mapping[str, jax.ShapeDtypeStruct], *, strict_dt
     if value is None or not hasattr(value, "shape") and not isinstance(value, (int, float, list, tuple)):
       raise UnsupportedValueError(f"param {key!r} is {type(value).__name__}, not an array; pass the params returned "
                        "by jaxport.convert (or arrays of the same shapes).")
-    value = value if isinstance(value, jax.Array) else jnp.asarray(value)
+    if not isinstance(value, jax.Array):
+      value = np.asarray(value)
+      check_fits_jax(value, f"param {key!r}")
+      value = jnp.asarray(value)
     if tuple(value.shape) != tuple(spec.shape):
       raise ShapeMismatchError(f"param {key!r} has shape {tuple(value.shape)}, but its variable has shape "
                                f"{tuple(spec.shape)}; pass a value of the variable's shape.")
@@ -237,6 +244,38 @@ def check_params(params, specs: Mapping[str, jax.ShapeDtypeStruct], *, strict_dt
       value = value.astype(spec.dtype)
     out[key] = value
   return out
+
+
+def _float_dtype(dtype) -> np.dtype | None:
+  """`dtype` (NumPy's or TF's) as a NumPy dtype where it is a float or complex type, else None."""
+  if getattr(dtype, "is_floating", False) or getattr(dtype, "is_complex", False):   # a tf.DType
+    return np.dtype(dtype.as_numpy_dtype)
+  try:
+    dtype = np.dtype(dtype)
+  except TypeError:   # a resource, variant or other non-array leaf
+    return None
+  return dtype if dtype.kind in "fc" else None
+
+
+def warn_if_narrowed(specs: Sequence[InputSpec], structured_outputs, params: Mapping[str, Any]) -> None:
+  """One `X64NarrowingWarning` per conversion that declares float64/complex128 inputs, outputs or params
+  while jax_enable_x64 is off: JAX computes them in 32 bits, so results move away from TF's. 64-bit
+  integers are left out: most (argmax's indices) fit 32 bits, and inputs and params that do not are
+  refused at the call."""
+  if jax.config.jax_enable_x64:
+    return
+  leaves = [(f"input {s.path}", s.dtype) for s in specs]
+  leaves += [("output" + "".join(f"[{k!r}]" for k in path), getattr(spec, "dtype", None))
+             for path, spec in tree.flatten_with_path(structured_outputs)]
+  leaves += [(f"param {k!r}", getattr(v, "dtype", None)) for k, v in params.items()]
+  narrowed = [f"{what} ({dtype} -> {x64_narrowed(dtype)})" for what, dtype in
+              ((what, _float_dtype(d)) for what, d in leaves) if dtype is not None and x64_narrowed(dtype)]
+  if narrowed:
+    more = f" and {len(narrowed) - 6} more" if len(narrowed) > 6 else ""
+    warnings.warn(f"jax_enable_x64 is off, so JAX computes this function's 64-bit floats in 32 bits: "
+                  f"{', '.join(narrowed[:6])}{more}. Results will differ from TF's beyond float32 precision. "
+                  "To match TF, enable it before converting: jax.config.update('jax_enable_x64', True).",
+                  X64NarrowingWarning, stacklevel=4)
 
 
 def plain_structure(structure):

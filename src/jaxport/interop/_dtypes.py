@@ -1,10 +1,11 @@
 """Interop's dtype vocabulary: NumPy dtypes (ml_dtypes for bf16/float8) and their DLPack codes."""
 from __future__ import annotations
 
+import jax
 import ml_dtypes
 import numpy as np
 
-from jaxport.errors import InteropInputError
+from jaxport.errors import InteropInputError, X64OverflowError
 
 # DLPack DLDataTypeCode values (dlpack.h, v1.1).
 _INT, _UINT, _FLOAT, _BFLOAT, _COMPLEX, _BOOL = 0, 1, 2, 4, 5, 6
@@ -48,6 +49,30 @@ _CARRIERS = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint3
 X64_NARROWING = {np.dtype(np.int64): np.dtype(np.int32), np.dtype(np.uint64): np.dtype(np.uint32),
                  np.dtype(np.float64): np.dtype(np.float32),
                  np.dtype(np.complex128): np.dtype(np.complex64)}
+
+
+def check_fits(dtype: np.dtype, narrow: np.dtype, low: int, high: int, what: str = "") -> None:
+  """Raises `X64OverflowError` unless integers in [low, high] of `dtype` fit `narrow`, the type JAX
+  stores `dtype` as while jax_enable_x64 is off."""
+  info = np.iinfo(narrow)
+  if low < info.min or high > info.max:
+    raise X64OverflowError(
+        f"{what + ' holds ' if what else ''}{dtype} values in [{low}, {high}], which do not fit {narrow}, the "
+        f"type JAX stores {dtype} as while jax_enable_x64 is off, so they would wrap. Enable it "
+        "(jax.config.update('jax_enable_x64', True)) or convert to a narrower dtype yourself.")
+
+
+def x64_narrowed(dtype) -> np.dtype | None:
+  """What JAX holds a 64-bit `dtype` as while jax_enable_x64 is off; None when it holds it as is."""
+  return None if jax.config.jax_enable_x64 else X64_NARROWING.get(np.dtype(dtype))
+
+
+def check_fits_jax(x: np.ndarray, what: str) -> None:
+  """Refuses a host array of 64-bit integers that JAX (x64 off) would wrap to 32 bits: wrapped ids gather
+  the wrong rows, silently."""
+  narrow = x64_narrowed(x.dtype)
+  if narrow is not None and narrow.kind in "iu" and x.size:
+    check_fits(x.dtype, narrow, int(x.min()), int(x.max()), what)
 
 
 def carrier(dtype: np.dtype) -> np.dtype | None:

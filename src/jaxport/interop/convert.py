@@ -12,7 +12,7 @@ from typing import Any, Callable, Literal, NamedTuple
 import jax
 import numpy as np
 
-from jaxport.interop import _base, _dlpack
+from jaxport.interop import _base, _dlpack, _dtypes
 from jaxport.interop._cupy import CUPY
 from jaxport.errors import InteropInputError, ShardedArrayError
 from jaxport.interop._foreign import FOREIGN, is_foreign
@@ -170,12 +170,12 @@ def _execute(x: Any, buf: _base.Buffer, plan: Plan, req: Request) -> Any:
     # then import that new array like any other.
     host = _leaf(x, _HOST_VIEW, "split", False)
     if plan.check_range is not None and host.size:
-      _check_range(buf.dtype, plan.check_range, int(host.min()), int(host.max()))
+      _dtypes.check_fits(buf.dtype, plan.check_range, int(host.min()), int(host.max()))
     framework, x, _ = _source(host.astype(plan.narrow))
     again = framework.describe(x, dst.needs_exact)._replace(owned=True)
     return _execute(x, again, decide(again, req, True, plan.reasons), req)
   if plan.check_range is not None:
-    _check_range(buf.dtype, plan.check_range, *src.value_range(x))
+    _dtypes.check_fits(buf.dtype, plan.check_range, *src.value_range(x))
   if plan.via_host:
     host = _HOST_VIEW if buf.device[0] == _dlpack.CPU else _HOST_COPY
     native = req.native if req.native is not None else \
@@ -202,15 +202,6 @@ def _execute(x: Any, buf: _base.Buffer, plan: Plan, req: Request) -> Any:
   if plan.mark_read_only:
     y = dst.mark_read_only(y)
   return y
-
-
-def _check_range(dtype: np.dtype, narrow: np.dtype, low: int, high: int) -> None:
-  info = np.iinfo(narrow)
-  if low < info.min or high > info.max:
-    raise OverflowError(
-        f"{dtype} values in [{low}, {high}] do not fit {narrow}, which JAX stores {dtype} as "
-        "while jax_enable_x64 is off. Enable it (jax.config.update('jax_enable_x64', True)) or "
-        "convert to a narrower dtype yourself.")
 
 
 _HOST_VIEW = Request(NUMPY, None, None, False, None, False)
