@@ -124,3 +124,20 @@ def test_exported_artifact_refuses_int64_that_would_wrap(tmp_path):
   np.testing.assert_allclose(loaded(loaded_params, fitting)[0], fn(fitting).numpy())
   with pytest.raises(jaxport.X64OverflowError, match=r"input args\[0\] holds int64"):
     loaded(loaded_params, np.array([3, 2**40 + 7], np.int64))
+
+
+def test_64_bit_attributes_raise_no_jax_dtype_warnings_under_jit():
+  """Rules ask JAX for the dtype it holds (int32 for int64): JAX's 'not available' warning per node is noise."""
+  @tf.function
+  def fn(x, edges):
+    n = tf.cond(tf.reduce_sum(x) > 0, lambda: tf.size(x, out_type=tf.int64), lambda: tf.constant(0, tf.int64))
+    return n, tf.searchsorted(edges, x, out_type=tf.int64), tf.cast(x, tf.int64)
+
+  x, edges = np.array([[0.5, 2.5]], np.float32), np.array([[0.0, 1.0, 2.0, 3.0]], np.float32)
+  jax_fn, params = jaxport.convert(fn, x, edges)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    outs, _ = jax.jit(jax_fn)(params, x, edges)
+  assert [str(w.message) for w in caught if "requested dtype" in str(w.message)] == []
+  for got, want in zip(outs, fn(x, edges)):
+    np.testing.assert_array_equal(got, want.numpy())

@@ -33,7 +33,7 @@ import jax
 import numpy as np
 
 from jaxport.convert import tf_node
-from jaxport.convert.ops._util import is_concrete
+from jaxport.convert.ops._util import is_concrete, jax_dtype
 from jaxport.errors import StringTensorError, TierError
 
 if TYPE_CHECKING:
@@ -81,10 +81,6 @@ def _tf():
 
 def _is_string(dtype) -> bool:
   return dtype == _tf().string
-
-
-def _jax_dtype(tf_dtype) -> np.dtype:
-  return np.dtype(jax.dtypes.canonicalize_dtype(tf_dtype.as_numpy_dtype))
 
 
 def _to_host(value, tf_dtype) -> np.ndarray:
@@ -180,7 +176,7 @@ def _shape_text(shape) -> str:
 def _numeric_call(ctx: OpContext, fn: tf_node.NodeFunction, plan: _Plan, specs,
                   numeric: list[int]) -> Callable:
   """`f(*leaves) -> numeric outputs` through pure_callback, with TF's gradient as its VJP."""
-  structs = [jax.ShapeDtypeStruct(specs[k][0], _jax_dtype(specs[k][1])) for k in numeric]
+  structs = [jax.ShapeDtypeStruct(specs[k][0], jax_dtype(specs[k][1].as_numpy_dtype)) for k in numeric]
 
   def host_forward(*leaf_values):
     outs = _run(fn, plan, leaf_values)

@@ -73,12 +73,18 @@ def stage_dims(x, dtype=np.int32):
 
 
 def cast(x, dtype):
-  """`x.astype(dtype)`, keeping constants as NumPy."""
+  """`x.astype(dtype)`, keeping constants as NumPy (in TF's width: int64 stays int64)."""
   if is_concrete(x):
     if has_symbolic(x):   # symbolic dims: an int stays symbolic, else staged
-      return x if np.issubdtype(np.dtype(dtype), np.integer) else stage_dims(x).astype(dtype)
+      return x if np.issubdtype(np.dtype(dtype), np.integer) else stage_dims(x).astype(jax_dtype(dtype))
     return np.asarray(x).astype(dtype)
-  return x.astype(dtype)
+  return x.astype(jax_dtype(dtype))
+
+
+def jax_dtype(dtype) -> np.dtype:
+  """The dtype JAX holds `dtype` as (int64 is int32 while x64 is off); asking for that one skips JAX's
+  'not available' warning on every 64-bit TF attribute."""
+  return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
 
 
 def as_array(x):

@@ -19,7 +19,7 @@ from jaxport.convert.graph import GraphFunction
 from jaxport.convert.interpreter import Runtime, VariableRef, run_function
 from jaxport.convert.ops._loops import live_loop_vars, needs_python_loop, pruned, python_loop, used_outputs
 from jaxport.convert.ops._trip_count import closed_form_trip_count
-from jaxport.convert.ops._util import is_concrete, known_value
+from jaxport.convert.ops._util import is_concrete, jax_dtype, known_value
 from jaxport.convert.ops.tensor_list import TensorList
 from jaxport.convert.registry import ops_where, register
 
@@ -325,7 +325,7 @@ def _branch_call(runtime: Runtime, fn_names: list[str], index, args, out_dtypes)
         full[i] = v
       rt = runtime.fork(state=dict(state) if writes else None)
       outs = run_function(runtime.library[name], full, rt)
-      outs = [o if isinstance(o, TensorList) or not isinstance(dt, np.dtype) else jnp.asarray(o, dt)
+      outs = [o if isinstance(o, TensorList) or not isinstance(dt, np.dtype) else jnp.asarray(o, jax_dtype(dt))
               for o, dt in zip(outs, out_dtypes)]
       return outs, (rt.state if writes else state)
     return branch

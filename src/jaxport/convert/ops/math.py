@@ -26,7 +26,7 @@ import numpy as np
 from jax import lax
 
 from jaxport.convert import export_marks
-from jaxport.convert.ops._util import has_symbolic, is_concrete, stage_dims, xp
+from jaxport.convert.ops._util import has_symbolic, is_concrete, jax_dtype, stage_dims, xp
 from jaxport.convert.ops.core import runtime_check
 from jaxport.convert.registry import register
 
@@ -85,13 +85,8 @@ def _is_integer(x) -> bool:
   return jnp.issubdtype(x.dtype, jnp.integer)
 
 
-def _jax_dtype(dtype) -> np.dtype:
-  """The dtype JAX will really use (int64 is int32 when x64 is off); avoids JAX's warning."""
-  return jax.dtypes.canonicalize_dtype(dtype)
-
-
 def _x64_enabled() -> bool:
-  return _jax_dtype(np.int64) == np.int64
+  return jax_dtype(np.int64) == np.int64
 
 
 def truncate_div(xp, x, y):
@@ -701,7 +696,7 @@ def _cast(xp, x, dst, truncate):
   if has_symbolic(x) and jnp.issubdtype(dst, jnp.integer):
     return x   # symbolic dims stay dimension expressions
   if xp is jnp:
-    dst = _jax_dtype(dst)
+    dst = jax_dtype(dst)
   if src == dst:
     return x
   if _is_complex(x) and not jnp.issubdtype(dst, jnp.complexfloating):
@@ -724,7 +719,7 @@ def _cast_rule(ctx, x):
 def _bitcast(ctx, x):
   dst = np.dtype(ctx.attr("type"))
   if xp(x) is jnp:
-    return lax.bitcast_convert_type(x, _jax_dtype(dst))
+    return lax.bitcast_convert_type(x, jax_dtype(dst))
   x = np.asarray(x, order="C")
   ratio = x.dtype.itemsize / dst.itemsize
   if ratio > 1:   # one element becomes a trailing dimension of `ratio` elements

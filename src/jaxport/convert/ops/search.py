@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxport.convert.ops._util import static_value, xp
+from jaxport.convert.ops._util import cast, static_value, xp
 from jaxport.convert.registry import register
 
 
@@ -28,7 +28,7 @@ def _search_rows(sorted_inputs, values, side: str):
 def bound(ctx, sorted_inputs, values):
   side = "left" if ctx.op == "LowerBound" else "right"
   out = _search_rows(sorted_inputs, values, side)
-  return xp(out).asarray(out).astype(ctx.attr("out_type", np.int32))
+  return cast(out, ctx.attr("out_type", np.int32))
 
 
 @register("Bucketize")
