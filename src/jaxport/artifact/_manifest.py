@@ -29,10 +29,10 @@ PAYLOADS = (FUNCTION_FILE, PARAMS_FILE)   # the files of an artifact whose param
 _SHARD_FILE = re.compile(r"params-(\d{5})-of-(\d{5})\.safetensors")
 BATCH_DIM = "b"   # the name of the symbolic leading dimension of a batch-polymorphic export
 
-# The dtypes an artifact may hold: NumPy names, as safetensors can store them.
+# The dtypes an artifact may hold: NumPy names (complex128 params are stored as float64 pairs).
 DTYPES = {name: np.dtype(name) for name in (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64", "complex64")}
+    "float16", "float32", "float64", "complex64", "complex128")}
 DTYPES["bfloat16"] = np.dtype(ml_dtypes.bfloat16)
 
 REEXPORT = "export the model again with jaxport.export (or `jaxport convert`)"

@@ -31,6 +31,10 @@ _ST_DTYPES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16"
               "U64": "uint64", "F64": "float64", "C64": "complex64"}
 
 
+# Dtypes safetensors cannot store: kept as (real, imag) pairs, a trailing axis of 2 of this dtype.
+_AS_PARTS = {np.dtype(np.complex128): np.dtype(np.float64)}
+
+
 def param_dtype(value) -> np.dtype:
   """The dtype `value` is stored with (canonical for JAX: float64 becomes float32 without x64)."""
   dtype = getattr(value, "dtype", None)
@@ -47,7 +51,10 @@ def _host(value, dtype: np.dtype) -> np.ndarray:
                         "one process, with the params gathered (jax.experimental.multihost_utils."
                         "process_allgather) or loaded unsharded.")
   # np.asarray(order="C"), not np.ascontiguousarray: that makes 0-d params (e.g. CLIP's logit_scale) 1-d.
-  return np.asarray(value, dtype, order="C")
+  value = np.asarray(value, dtype, order="C")
+  if dtype in _AS_PARTS:   # the same bytes, as pairs
+    value = value.reshape(value.shape + (1,)).view(_AS_PARTS[dtype])
+  return value
 
 
 def _nbytes(value, dtype: np.dtype) -> int:
@@ -170,6 +177,8 @@ def _read(tensor, spec: mf.ArraySpec, index) -> np.ndarray:
   """The slice `index` of a memory-mapped tensor, copied out (only its bytes are read)."""
   value = tensor[index]
   value = np.asarray(value).reshape(value.shape)
+  if spec.dtype in _AS_PARTS:   # (real, imag) pairs: a view, so that inf and NaN parts stay as written
+    return np.ascontiguousarray(value).view(spec.dtype).reshape(value.shape[:-1])
   return value if value.dtype == spec.dtype else value.view(spec.dtype)   # bfloat16 comes as its bits
 
 
@@ -182,6 +191,8 @@ def _check_keys(path: str, keys: set, want: list[str]) -> None:
 
 def _check_spec(path: str, spec: mf.ArraySpec, shape: tuple, st_dtype: str) -> None:
   dtype = _ST_DTYPES.get(st_dtype, st_dtype.lower())
+  if spec.dtype in _AS_PARTS and shape[-1:] == (2,) and dtype == _AS_PARTS[spec.dtype].name:
+    shape, dtype = shape[:-1], spec.dtype.name
   if shape != spec.shape or dtype != spec.dtype.name:
     raise ArtifactError(f"{path}: tensor {spec.path!r} is {dtype}{list(shape)}, the manifest says "
                         f"{spec.dtype.name}{list(spec.shape)}; {mf.REEXPORT}.")
