@@ -90,12 +90,13 @@ def _model(family, name):
 CASES = ([("keras_hub", n) for n in _keras_hub_names()]
          + [("keras_app", n) for n in (sorted(keras_models.APPLICATIONS) if keras_models else [])]
          + [("jax2tf", n) for n in (roundtrip.CASES if roundtrip else [])])
-# CI exports every keras-hub backbone and jax2tf program, and the Keras applications whose layers differ
-# (residual, depthwise, hard-swish, swish's custom gradient, LayerNorm/GELU, separable, concatenated
-# branches, plain). The deeper ones built from the same layers (60-230 s each on CI's 2 cores) run in
-# `make test-full`.
+# CI exports the keras-hub backbones of that file's CI sample, every jax2tf program, and the Keras
+# applications whose layers differ (residual, depthwise, hard-swish, swish's custom gradient,
+# LayerNorm/GELU, separable, concatenated branches, plain). The deeper ones built from the same layers
+# (60-230 s each on CI's 2 cores) and the rest of the keras-hub corpus run in `make test-full`.
 _FULL_ONLY = {"keras_app-NASNetMobile", "keras_app-DenseNet121", "keras_app-ResNet101",
               "keras_app-EfficientNetV2B0", "keras_app-MobileNetV3Large"}
+_FULL_ONLY |= {f"keras_hub-{n}" for n in _keras_hub_names() if n not in hub_corpus.IN_CI}   # that file's sample
 
 
 # --------------------------------------------------------------------------- comparisons
