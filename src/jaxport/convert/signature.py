@@ -7,11 +7,13 @@ arguments are matched by name, never by sorted position), no `None` where a tens
 traced, and dense tensors. An input or param of another dtype kind (ints where floats
 were traced) is cast to the traced dtype with a one-time `DtypeCastWarning`, or refused
 under `strict_dtype_check`; another width of the same kind (bfloat16 for float32) passes
-as given, so lower-precision runs stay possible. While jax_enable_x64 is off, JAX holds 64-bit values in
-32 bits: a conversion that declares float64/complex128 leaves warns once (`X64NarrowingWarning`), and
-64-bit integer inputs or params whose values do not fit 32 bits are refused (`X64OverflowError`). Static leaves that differ from the traced ones are reported
-as `StaticMismatch`es: the caller retraces for them or raises, never computing the
-traced branch for another value.
+as given, so lower-precision runs stay possible. Static leaves that differ from the traced
+ones are reported as `StaticMismatch`es: the caller retraces for them or raises, never
+computing the traced branch for another value.
+
+While jax_enable_x64 is off, JAX holds 64-bit values in 32 bits: a conversion that declares
+float64/complex128 leaves warns once (`X64NarrowingWarning`), and 64-bit integer inputs or
+params whose values do not fit 32 bits are refused (`X64OverflowError`).
 """
 from __future__ import annotations
 
@@ -25,9 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 import tree
 
+from jaxport.errors import (DtypeCastWarning, DtypeMismatchError, UnsupportedValueError, MissingInputError,
+                            ShapeMismatchError, SignatureError, StringTensorError, X64NarrowingWarning)
 from jaxport.interop._dtypes import check_fits_jax, x64_narrowed
-from jaxport.errors import (X64NarrowingWarning, DtypeCastWarning, DtypeMismatchError, UnsupportedValueError, MissingInputError,
-                            ShapeMismatchError, SignatureError, StringTensorError)
 
 
 @dataclasses.dataclass(frozen=True)

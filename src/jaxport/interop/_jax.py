@@ -120,7 +120,7 @@ class Jax(_base.Framework):
     return _dtypes.SUPPORTED if jax.config.jax_enable_x64 else _dtypes.SUPPORTED - _X64_TYPES
 
   def narrowing(self, dtype: np.dtype) -> np.dtype | None:
-    return None if jax.config.jax_enable_x64 else _dtypes.X64_NARROWING.get(dtype)
+    return _dtypes.x64_narrowed(dtype)
 
   # --- source side -----------------------------------------------------------------------
   def describe(self, x: Any, exact: bool = False) -> Buffer:
