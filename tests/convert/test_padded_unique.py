@@ -188,3 +188,56 @@ def test_lookup_deduplicated_first_matches_tf():
 
   check(lookup, table, np.array([5, 2, 5, 7, 2, 2], np.int32))
   check(lookup, table, np.array([0, 1, 2, 3], np.int32))   # all distinct: no padding
+
+
+def test_deduplicated_sparse_gradient_made_dense_matches_tf():
+  """An IndexedSlices of per-id sums made dense (`2.0 * g`: TF writes an UnsortedSegmentSum of the padded
+  rows at the padded ids into the table's rows): the padding ids fall outside and are dropped. Values,
+  jit, grad and vmap against TF; with int16 ids the padding id (32767) would land inside 40000 segments,
+  so that use is refused under jit."""
+  def dense_step(values, ids, rows=VOCAB):
+    unique, position = tf.unique(ids)
+    sums = tf.math.unsorted_segment_sum(values, position, tf.shape(unique)[0])
+    return tf.constant(2.0) * tf.IndexedSlices(tf.tanh(sums), unique, tf.constant([rows, 3]))
+
+  values = np.random.RandomState(4).normal(size=(6, 3)).astype(np.float32)
+  check(dense_step, values, np.array([1, 3, 1, 5, 3, 0], np.int32))
+  check(dense_step, values, np.array([1, 3, 1, 5, 3, 0], np.int64))
+  error = _refused(lambda ids: dense_step(values, ids, rows=40000), np.array([1, 3, 1, 5, 3, 0], np.int16),
+                   node_op="UnsortedSegmentSum")
+  assert "padded to 6" in str(error)
+
+
+@pytest.mark.parametrize("name", ["Nadam", "Adadelta", "Adafactor", "Ftrl"])
+def test_tf_keras_optimizers_that_densify_sparse_gradients_train_under_jit(name):
+  """tf_keras' Nadam, Adadelta, Adafactor and Ftrl on an Embedding's gradient, three steps threaded
+  through params, eagerly and under jit, against TF's own steps from the same start."""
+  tf_keras = pytest.importorskip("tf_keras")
+  tf_keras.utils.set_random_seed(0)
+  model = tf_keras.Sequential([tf_keras.layers.Embedding(10, 4, input_length=5), tf_keras.layers.Flatten(),
+                               tf_keras.layers.Dense(1)])
+  model.build((None, 5))
+  optimizer = getattr(tf_keras.optimizers, name)(0.05)
+  optimizer.build(model.trainable_variables)
+
+  @tf.function
+  def step(x, y):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean((model(x, training=True) - y) ** 2)
+    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    return loss
+
+  x = np.random.RandomState(1).randint(0, 6, (16, 5)).astype(np.int32)   # ids repeat within the batch
+  y = np.random.RandomState(2).normal(size=(16, 1)).astype(np.float32)
+  jax_fn, params = jaxport.convert(step, x, y)
+  results = {}
+  for label, run in (("eager", jax_fn), ("jit", jax.jit(jax_fn))):
+    state = params
+    for _ in range(3):
+      loss, state = run(state, x, y)
+    results[label] = (loss, state)
+  expected_losses = [float(step(x, y)) for _ in range(3)]
+  for label, (loss, state) in results.items():
+    assert_close(loss, expected_losses[-1], 1e-5, 1e-5, f"{label} loss")
+    for key, var in jax_fn.tf_variables.items():
+      assert_close(state[key], var.numpy(), 1e-5, 1e-5, f"{label} {key}")

@@ -11,8 +11,10 @@ The interpreter asks `use` before each node that reads a padded value and `mark_
 Gathers at the padded ids may come in between (the new tf_keras optimizers read their slots' rows):
 their padding rows are clamped reads, later dropped. A gather from padded rows at other indices ends
 the padding too (`tf.gather(tf.gather(table, unique), idx)`, a lookup deduplicated first): Unique's
-`idx` reads real rows only. Any other use (a reduction, a function output, a loop) raises
-`PaddedSizeError` before it runs.
+`idx` reads real rows only. So does a segment reduction of padded rows at the padded ids into a fixed
+number of segments: TF densifying a deduplicated `IndexedSlices` (tf_keras' Nadam, Adadelta, Adafactor
+and Ftrl square or scale the gradient so). Any other use (a reduction, a function output, a loop)
+raises `PaddedSizeError` before it runs.
 """
 from __future__ import annotations
 
@@ -82,6 +84,12 @@ def _output_kind(node, inputs, read: list[tuple[int, str]]) -> str | None | bool
     return COUNT
   if _is_segment_reduction(op) and read == [(2, COUNT)]:
     return ROWS   # as many segments as unique ids
+  if _is_segment_reduction(op) and read == [(0, ROWS), (1, INDEX)]:
+    # rows reduced into the segments their unique ids name (an IndexedSlices made dense): the padding
+    # ids, the dtype's largest value, fall outside the segments and are dropped; TF's size comes out
+    from jaxport.convert.ops._util import known_value   # ops imports the interpreter, which imports this
+    segments = known_value(inputs[2])
+    return None if segments is not None and int(segments) <= np.iinfo(inputs[1].dtype).max else False
   return False
 
 
