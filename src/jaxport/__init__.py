@@ -14,7 +14,8 @@ from jaxport.convert.graph_def import convert_functional_graph_def, convert_grap
 from jaxport.convert.inspect import InspectReport, inspect
 from jaxport.errors import (ArtifactError, AssertionFailedError, ConfigError, DeviceMismatchError, DtypeCastWarning,
                             DtypeMismatchError, DynamicLoopError, DynamicShapeError, JaxportError, MissingInputError,
-                            PaddedSizeError, ShapeMismatchError, ShardedArrayError, SignatureError, StableHLOError,
+                            PaddedSizeError, RunTimeBranchWarning, ShapeMismatchError, ShardedArrayError, SignatureError,
+                            StableHLOError,
                             StaticArgumentError, UnsupportedOperationsError, UnsupportedValueError, X64NarrowingWarning,
                             X64OverflowError, ZeroCopyError)
 from jaxport.interop import shares_memory, to_cupy, to_jax, to_numpy, to_tf, to_torch
@@ -35,4 +36,5 @@ __all__ = [
     "ZeroCopyError", "DeviceMismatchError", "ShardedArrayError", "AssertionFailedError", "StableHLOError",
     "ConfigError", "DtypeCastWarning", "StaticArgumentError", "UnsupportedValueError",
     "DynamicShapeError", "DynamicLoopError", "PaddedSizeError", "X64NarrowingWarning", "X64OverflowError",
+    "RunTimeBranchWarning",
 ]

@@ -209,3 +209,8 @@ class DtypeCastWarning(UserWarning):
 class X64NarrowingWarning(UserWarning):
   """A converted function declares 64-bit inputs, outputs or params while jax_enable_x64 is off: JAX
   computes them in 32 bits (float64 loses precision, int64 beyond 32 bits would wrap)."""
+
+
+class RunTimeBranchWarning(UserWarning):
+  """Under jit, a cond branch with a value-dependent size is compiled as a run-time error (raised only
+  if the predicate takes it); the other branches run as usual."""

@@ -456,3 +456,93 @@ def test_tensor_list_scatter_into_existing_list_with_traced_indices():
   np.testing.assert_array_equal(jax_fn(params, X, indices)[0], fn(X, indices).numpy())
   with pytest.raises(jaxport.errors.DynamicShapeError, match="TensorListScatterIntoExistingList"):
     jax.jit(jax_fn)(params, X, indices)
+
+
+def _sum_of_negatives_or_all(x):
+  """A cond whose rare branch has a value-dependent size (`tf.where`), like Keras 3's sparse division."""
+  return tf.cond(tf.reduce_any(x < 0), lambda: tf.reduce_sum(tf.gather(x, tf.where(x < 0)[:, 0])) * 10.0,
+                 lambda: tf.reduce_sum(tf.sin(x)))
+
+
+def test_a_branch_jit_cannot_trace_is_a_run_time_error_taken_only_with_it():
+  fn = tf.function(_sum_of_negatives_or_all)
+  positive, mixed = np.array([0.5, 1.0, 2.0], np.float32), np.array([0.5, -1.0, -2.0], np.float32)
+  jax_fn, params = jaxport.convert(fn, positive)
+  with pytest.warns(jaxport.RunTimeBranchWarning, match=r"StatelessIf node .*\(Where node"):
+    jitted = jax.jit(jax_fn.outputs_only)
+    assert_close(jitted(params, positive), fn(positive), 1e-6, 1e-6, "jit, common branch")
+  with pytest.raises(Exception, match=r"StatelessIf node .*cond.* needs its `predicate`.*without jax.jit"):
+    jax.block_until_ready(jitted(params, mixed))
+  for x in (positive, mixed):   # without jit both branches compute, as in TF
+    assert_close(jax_fn.outputs_only(params, x), fn(x), 1e-6, 1e-6, "eager")
+  # derivatives and vmap of the branch that runs
+  grad = jax.jit(jax.grad(lambda x: jax_fn.outputs_only(params, x)))(positive)
+  assert_close(grad, np.cos(positive), 1e-6, 1e-6, "grad")
+  assert_close(jax.vmap(lambda x: jax_fn.outputs_only(params, x))(np.stack([positive, positive * 2])),
+               np.array([fn(positive), fn(positive * 2)]), 1e-6, 1e-6, "vmap")
+  with pytest.raises(Exception, match="needs its `predicate`"):   # one element takes the rare branch
+    jax.block_until_ready(jax.vmap(lambda x: jax_fn.outputs_only(params, x))(np.stack([positive, mixed])))
+
+
+def test_a_branch_jit_cannot_trace_still_cannot_be_exported(tmp_path):
+  positive = np.array([0.5, 1.0, 2.0], np.float32)
+  jax_fn, params = jaxport.convert(tf.function(_sum_of_negatives_or_all), positive)
+  with pytest.raises(jaxport.ArtifactError, match="Where"):
+    jaxport.export(jax_fn, params, positive, path=tmp_path / "a")
+
+
+@pytest.mark.parametrize("name", ["Adagrad", "RMSprop", "Adafactor", "ScheduleFreeAdamW"])
+def test_keras3_optimizers_dividing_sparse_gradients_train_under_jit(name):
+  """Keras 3 divides an Embedding's IndexedSlices gradient inside a cond whose rare branch (a zero or NaN
+  denominator) uses `tf.where`: under jit the common branch runs. Three steps, eager and jit, vs TF."""
+  keras = pytest.importorskip("keras")
+  if keras.backend.backend() != "tensorflow":
+    pytest.skip("needs KERAS_BACKEND=tensorflow")
+  keras.utils.set_random_seed(0)
+  model = keras.Sequential([keras.Input((5,), dtype="int32"), keras.layers.Embedding(10, 4),
+                            keras.layers.Flatten(), keras.layers.Dense(1)])
+  optimizer = getattr(keras.optimizers, name)(learning_rate=0.05)
+  optimizer.build(model.trainable_variables)
+
+  @tf.function
+  def step(x, y):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean((model(x) - y) ** 2)
+    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    return loss
+
+  x = np.random.RandomState(1).randint(0, 6, (16, 5)).astype(np.int32)   # ids repeat within the batch
+  y = np.random.RandomState(2).normal(size=(16, 1)).astype(np.float32)
+  jax_fn, params = jaxport.convert(step, x, y)
+  results = {}
+  with pytest.warns(jaxport.RunTimeBranchWarning):
+    for label, run in (("eager", jax_fn), ("jit", jax.jit(jax_fn))):
+      state = params
+      for _ in range(3):
+        loss, state = run(state, x, y)
+      results[label] = (loss, state)
+  expected_losses = [float(step(x, y)) for _ in range(3)]
+  for label, (loss, state) in results.items():
+    assert_close(loss, expected_losses[-1], 1e-5, 1e-5, f"{label} loss")
+    for key, var in jax_fn.tf_variables.items():
+      assert_close(state[key], var.numpy(), 1e-5, 1e-5, f"{label} {key}")
+
+
+def test_a_branch_jit_cannot_trace_that_only_assigns_still_raises_when_taken():
+  """No outputs: the variables the stand-in passes on keep its check alive (XLA would drop it otherwise)."""
+  total = tf.Variable(np.zeros((), np.float32))
+
+  @tf.function
+  def fn(x):
+    tf.cond(tf.reduce_any(x < 0), lambda: total.assign_add(tf.reduce_sum(tf.gather(x, tf.where(x < 0)[:, 0]))),
+            lambda: total.assign_add(tf.reduce_sum(x)))
+    return tf.constant(0.0)
+
+  positive, mixed = np.array([0.5, 1.0], np.float32), np.array([0.5, -1.0], np.float32)
+  jax_fn, params = jaxport.convert(fn, positive)
+  with pytest.warns(jaxport.RunTimeBranchWarning):
+    run = jax.jit(jax_fn)
+    _, new_params = run(params, positive)
+  assert_close(new_params[list(params)[0]], 1.5, 1e-6, 1e-6, "common branch")
+  with pytest.raises(Exception, match="needs its `predicate`"):
+    jax.block_until_ready(run(params, mixed))

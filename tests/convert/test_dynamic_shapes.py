@@ -1,13 +1,14 @@
 """Values that decide shapes: without jit the converted function sees concrete arrays and
-matches TF; under jit it raises `DynamicShapeError` naming the op, node and operand."""
+matches TF; under jit it raises `DynamicShapeError` naming the op, node and operand (inside a cond's
+branch, at run time and only when that branch is taken)."""
 import jax
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import jaxport
-from jaxport.errors import DynamicShapeError, JaxportError
-from oracle import check, run_rule
+from jaxport.errors import DynamicShapeError, JaxportError, RunTimeBranchWarning
+from oracle import assert_close, check, run_rule
 
 raw = tf.raw_ops
 rs = np.random.RandomState(0)
@@ -115,9 +116,18 @@ def _first_rows_sum(x, m):   # a shape from values: tf.range(sum(m)), as Longfor
 @pytest.mark.parametrize("m", [i32(1, 1), i32(0, 0)], ids=["then", "else"])
 def test_value_dependent_shape_in_a_branch_picked_by_an_input(m):
   """If/Case with an input-dependent predicate: an eager call runs only the taken branch, on concrete
-  values as TF does, so a shape inside it may depend on values; under jit that node is named."""
+  values as TF does, so a shape inside it may depend on values. Under jit that branch is a run-time
+  error, warned about (naming the node) and raised only when taken; the other branch runs."""
   if_fn = lambda x, m: tf.cond(tf.reduce_any(m > 0), _first_rows_sum(x, m), lambda: tf.zeros([3]))  # noqa: E731
-  eager_matches_tf_and_jit_names_node(if_fn, X, m, op="Range", operand="limit")
   case_fn = lambda x, m: tf.switch_case(  # noqa: E731
       tf.reduce_sum(m), [lambda: tf.zeros([3]), _first_rows_sum(x, m), _first_rows_sum(x, m)])
-  eager_matches_tf_and_jit_names_node(case_fn, X, m, op="Range", operand="limit")
+  for fn, op, operand in ((if_fn, "StatelessIf", "predicate"), (case_fn, "StatelessCase", "branch_index")):
+    check(fn, X, m, jit=False, vmap=False)
+    converted = jax.jit(jaxport.convert_functional(fn, X, m))
+    with pytest.warns(RunTimeBranchWarning, match=rf"{op} node .*\(Range node"):
+      converted.lower(X, m)
+    if m.sum() > 0:
+      with pytest.raises(Exception, match=rf"{op} node .* needs its `{operand}`.*without jax.jit"):
+        jax.block_until_ready(converted(X, m))
+    else:
+      assert_close(converted(X, m), fn(X, m), 0, 0, "the traceable branch")

@@ -6,15 +6,20 @@ which are closed over so shape arithmetic stays static, and *dynamic* values,
 which become the lax carry. Variable assignments inside a body thread the
 variable state through the carry; an `rng` key is split per iteration.
 Loop variables and call outputs nothing reads are dropped; loops whose shapes
-change per step run step by step (see _loops).
+change per step run step by step (see _loops). Under jit, a cond branch that has
+a value-dependent size becomes a run-time error taken only with that branch
+(`_run_time_error_branch`).
 """
 from __future__ import annotations
+
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxport.convert import export_marks
 from jaxport.convert.graph import GraphFunction
 from jaxport.convert.interpreter import Runtime, VariableRef, run_function
 from jaxport.convert.ops._loops import live_loop_vars, needs_python_loop, pruned, python_loop, used_outputs
@@ -22,6 +27,7 @@ from jaxport.convert.ops._trip_count import closed_form_trip_count
 from jaxport.convert.ops._util import is_concrete, jax_dtype, known_value
 from jaxport.convert.ops.tensor_list import TensorList
 from jaxport.convert.registry import ops_where, register
+from jaxport.errors import DynamicShapeError, RunTimeBranchWarning
 
 # Loops whose trip count has no closed form (see _trip_count) are simulated up to this many
 # iterations; past it they run as lax.while_loop (forward-mode differentiable only).
@@ -310,31 +316,84 @@ def _python_while(node, runtime, cond_fn, run_body, keep, loop_vars, trips, iter
 # --------------------------------------------------------------------------- If / Case
 
 
-def _branch_call(runtime: Runtime, fn_names: list[str], index, args, out_dtypes):
+def _branch_call(runtime: Runtime, fn_names: list[str], index, args, out_dtypes, op: str, node: str):
   """Calls branch `index` (an int at trace time, or a traced int via lax.switch)."""
   if is_concrete(index):
     return runtime.call(fn_names[int(index)], args)
   writes = any(_writes_state(runtime, n) for n in fn_names)
   dyn_idx = [i for i, a in enumerate(args) if _is_dynamic(a)]
+  failed: list[tuple[int, DynamicShapeError]] = []
 
-  def make_branch(name):
+  def make_branch(k, name):
     def branch(operands):
       dyn, state = operands
       full = list(args)
       for i, v in zip(dyn_idx, dyn):
         full[i] = v
       rt = runtime.fork(state=dict(state) if writes else None)
-      outs = run_function(runtime.library[name], full, rt)
+      try:
+        outs = run_function(runtime.library[name], full, rt)
+      except DynamicShapeError as e:
+        failed.append((k, e))
+        raise
       outs = [o if isinstance(o, TensorList) or not isinstance(dt, np.dtype) else jnp.asarray(o, jax_dtype(dt))
               for o, dt in zip(outs, out_dtypes)]
       return outs, (rt.state if writes else state)
     return branch
 
   operands = ([args[i] for i in dyn_idx], runtime.state if writes else {})
-  outs, state = lax.switch(index, [make_branch(n) for n in fn_names], operands)
+  branches = [make_branch(k, n) for k, n in enumerate(fn_names)]
+  for _ in fn_names:
+    try:
+      outs, state = lax.switch(index, branches, operands)
+      break
+    except DynamicShapeError as error:
+      if not failed or export_marks.exporting_now():
+        raise
+      k, cause = failed.pop()
+      traceable = [b for j, b in enumerate(branches) if j != k and not getattr(b, "guarded", False)]
+      if not traceable:
+        raise
+      try:
+        shapes = jax.eval_shape(traceable[0], operands)[0]
+      except DynamicShapeError:
+        raise error from None
+      if not all(isinstance(s, jax.ShapeDtypeStruct) for s in shapes):   # a TensorList: no stand-in
+        raise
+      branches[k] = _run_time_error_branch(shapes, index == k, op, node, fn_names[k], cause, runtime)
   if writes:
     runtime.state.update(state)
   return outs
+
+
+def _run_time_error_branch(shapes, taken, op: str, node: str, name: str, cause: DynamicShapeError, runtime):
+  """A stand-in for a branch with a value-dependent size, which jit cannot trace: zeros shaped like
+  the other branches' outputs, and an error at run time if the predicate takes it. Keras 3 divides a
+  sparse gradient so: a rare branch (a zero or NaN denominator) grows the rows with `tf.where`."""
+  warned = runtime.library.memo.setdefault("run_time_error_branches", set())
+  if node not in warned:
+    warned.add(node)
+    warnings.warn(RunTimeBranchWarning(
+        f"{op} node {node!r}: its branch `{name}` has a value-dependent size ({cause.op} node {cause.node!r}), "
+        "which jax.jit cannot trace. Under jit it is compiled as a run-time error, raised only if the "
+        "predicate takes it; the other branches run as usual. Called without jit, the function computes it."),
+        stacklevel=2)
+
+  def fail(is_taken):
+    if np.any(is_taken):
+      raise DynamicShapeError(op, node, "predicate" if op.endswith("If") else "branch_index")
+    return np.zeros(np.shape(is_taken), np.bool_)
+
+  def stand_in(operands):
+    _, state = operands
+    # a pure callback (io_callback has no vmap of cond), kept alive by the outputs and the variables
+    # reading its result (false unless it raises)
+    flag = jax.pure_callback(fail, jax.ShapeDtypeStruct((), np.bool_), lax.stop_gradient(taken),
+                             vmap_method="broadcast_all")
+    outs = [jnp.where(flag, jnp.ones(s.shape, s.dtype), jnp.zeros(s.shape, s.dtype)) for s in shapes]
+    return outs, {key: jnp.where(flag, jnp.zeros_like(value), value) for key, value in state.items()}
+  stand_in.guarded = True
+  return stand_in
 
 
 @register("If", "StatelessIf", structural=True)
@@ -346,7 +405,7 @@ def if_(ctx, pred, *args):
   else:
     index = jnp.asarray(pred).reshape(()).astype(jnp.int32) != 0
     index = index.astype(jnp.int32)
-  return _branch_call(ctx.runtime, names, index, args, ctx.attr("Tout", []))
+  return _branch_call(ctx.runtime, names, index, args, ctx.attr("Tout", []), ctx.op, ctx.name)
 
 
 @register("Case", "StatelessCase", structural=True)
@@ -360,4 +419,4 @@ def case(ctx, branch_index, *args):
   else:
     i = jnp.asarray(branch_index, jnp.int32)
     index = jnp.where((i < 0) | (i >= n), n - 1, i)
-  return _branch_call(ctx.runtime, names, index, args, ctx.attr("Tout", []))
+  return _branch_call(ctx.runtime, names, index, args, ctx.attr("Tout", []), ctx.op, ctx.name)
