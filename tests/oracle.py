@@ -82,6 +82,31 @@ def check(fn, *args, atol=1e-5, rtol=1e-5, grad=True, vmap=True, jit=True, grad_
 VIA_ARTIFACT = os.environ.get("JAXPORT_ORACLE_VIA_ARTIFACT") == "1"
 
 
+def check_train_steps(model, optimizer, x, y, steps: int = 3, **call_kwargs):
+  """A converted training step (forward, `tf.GradientTape`, `apply_gradients` in a `tf.function`) run
+  `steps` times, params threaded through, eagerly and under `jax.jit`, against TF's own steps from the
+  same state: the last loss and every variable (slots and counters included)."""
+  @tf.function
+  def step(x, y):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean((model(x, **call_kwargs) - y) ** 2)
+    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    return loss
+
+  jax_fn, params = jaxport.convert(step, x, y)
+  results = {}
+  for label, run in (("eager", jax_fn), ("jit", jax.jit(jax_fn))):
+    state = params
+    for _ in range(steps):
+      loss, state = run(state, x, y)
+    results[label] = (loss, state)
+  expected_losses = [float(step(x, y)) for _ in range(steps)]
+  for label, (loss, state) in results.items():
+    assert_close(loss, expected_losses[-1], 1e-5, 1e-5, f"{label} loss")
+    for key, var in jax_fn.tf_variables.items():
+      assert_close(state[key], var.numpy(), 1e-5, 1e-5, f"{label} {key}")
+
+
 def through_artifact(jax_fn, params, args):
   """The converted function exported and loaded back (see the module docstring); the loaded function
   answers the converted one's other attributes (`tf_variables`, `trainable`) for the TF side of a check."""
