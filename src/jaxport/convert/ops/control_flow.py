@@ -343,6 +343,7 @@ def _branch_call(runtime: Runtime, fn_names: list[str], index, args, out_dtypes,
 
   operands = ([args[i] for i in dyn_idx], runtime.state if writes else {})
   branches = [make_branch(k, n) for k, n in enumerate(fn_names)]
+  stand_ins: set[int] = set()
   for _ in fn_names:
     try:
       outs, state = lax.switch(index, branches, operands)
@@ -351,16 +352,17 @@ def _branch_call(runtime: Runtime, fn_names: list[str], index, args, out_dtypes,
       if not failed or export_marks.exporting_now():
         raise
       k, cause = failed.pop()
-      traceable = [b for j, b in enumerate(branches) if j != k and not getattr(b, "guarded", False)]
+      traceable = [j for j in range(len(branches)) if j != k and j not in stand_ins]
       if not traceable:
         raise
       try:
-        shapes = jax.eval_shape(traceable[0], operands)[0]
+        shapes = jax.eval_shape(branches[traceable[0]], operands)[0]
       except DynamicShapeError:
         raise error from None
       if not all(isinstance(s, jax.ShapeDtypeStruct) for s in shapes):   # a TensorList: no stand-in
         raise
       branches[k] = _run_time_error_branch(shapes, index == k, op, node, fn_names[k], cause, runtime)
+      stand_ins.add(k)
   if writes:
     runtime.state.update(state)
   return outs
@@ -390,9 +392,8 @@ def _run_time_error_branch(shapes, taken, op: str, node: str, name: str, cause: 
     # reading its result (false unless it raises)
     flag = jax.pure_callback(fail, jax.ShapeDtypeStruct((), np.bool_), lax.stop_gradient(taken),
                              vmap_method="broadcast_all")
-    outs = [jnp.where(flag, jnp.ones(s.shape, s.dtype), jnp.zeros(s.shape, s.dtype)) for s in shapes]
+    outs = [jnp.broadcast_to(flag.astype(s.dtype), s.shape) for s in shapes]
     return outs, {key: jnp.where(flag, jnp.zeros_like(value), value) for key, value in state.items()}
-  stand_in.guarded = True
   return stand_in
 
 
