@@ -11,7 +11,8 @@ The interpreter asks `use` before each node that reads a padded value and `mark_
 Gathers at the padded ids may come in between (the new tf_keras optimizers read their slots' rows):
 their padding rows are clamped reads, later dropped. A gather from padded rows at other indices ends
 the padding too (`tf.gather(tf.gather(table, unique), idx)`, a lookup deduplicated first): Unique's
-`idx` reads real rows only. So does a segment reduction of padded rows at the padded ids into a fixed
+`idx` reads real rows only, and so does a sparse segment reduction picking the rows at `idx`
+(`tf.nn.embedding_lookup_sparse`). So does a segment reduction of padded rows at the padded ids into a fixed
 number of segments: TF densifying a deduplicated `IndexedSlices` (tf_keras' Nadam, Adadelta, Adafactor
 and Ftrl square or scale the gradient so). Any other use (a reduction, a function output, a loop)
 raises `PaddedSizeError` before it runs.
@@ -82,6 +83,8 @@ def _output_kind(node, inputs, read: list[tuple[int, str]]) -> str | None | bool
     return COUNT
   if op == "StridedSlice" and read == [(0, COUNT)]:
     return COUNT
+  if _is_sparse_segment_reduction(op) and read == [(0, ROWS)]:
+    return None   # rows picked at `indices` (Unique's `idx`: real rows only), then reduced
   if _is_segment_reduction(op) and read == [(2, COUNT)]:
     return ROWS   # as many segments as unique ids
   if _is_segment_reduction(op) and read == [(0, ROWS), (1, INDEX)]:
@@ -132,3 +135,8 @@ def check_outputs(runtime, fn_name: str, outputs) -> None:
 def _is_segment_reduction(op: str) -> bool:
   from jaxport.convert.ops.gather_scatter import _SEGMENT_REDUCTIONS
   return op in _SEGMENT_REDUCTIONS
+
+
+def _is_sparse_segment_reduction(op: str) -> bool:
+  from jaxport.convert.ops.sparse_segment import FORWARD
+  return op in FORWARD
