@@ -206,3 +206,10 @@ def _bicubic_half_max(case, mode):
             "TF ignores the axis of a scalar; the rule raises (axis out of bounds)")
 def _reverse_scalar(case, mode):
   return np.ndim(case.inputs[0]) == 0 and np.size(case.inputs[1]) > 0
+
+
+@difference("SparseAdd", "traced values (jit) whose overlapping entries sum to NaN, thresh 0",
+            "TF drops a sum that fails |sum| >= thresh, and NaN fails it; which sums are NaN is known only "
+            "at run time, so a traced sum is kept (the output size cannot depend on values)")
+def _sparse_add_nan_sum(case, mode):
+  return mode == "jit" and any(np.isnan(x).any() for x in _floats(case))

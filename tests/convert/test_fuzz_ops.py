@@ -445,6 +445,78 @@ def gather_case(rs):
   return Case(op, [_data(rs, shape, dtype), seg, np.array(num, np.int32)], static=frozenset({2})), 4
 
 
+# --------------------------------------------------------------------------- sparse
+
+
+SPARSE_OPS = ["SparseSegmentSum", "SparseSegmentMean", "SparseSegmentSqrtN", "SparseSegmentSumWithNumSegments",
+              "SparseSegmentMeanWithNumSegments", "SparseTensorDenseMatMul", "SparseReduceSum", "SparseReduceMax",
+              "SparseSoftmax", "SparseDenseCwiseMul", "SparseDenseCwiseAdd", "SparseReorder", "SparseReshape",
+              "SparseFillEmptyRows", "SparseAdd"]
+
+
+def _coords(rs, shape, most: int, shuffle=False):
+  """Up to `most` distinct coordinates in `shape`, row-major sorted (or shuffled), as [n, rank] int64."""
+  size = int(np.prod(shape))
+  flat = np.sort(rs.choice(size, min(most, size), replace=False)) if size else np.zeros(0, np.int64)
+  if shuffle:
+    flat = rs.permutation(flat)
+  return np.stack(np.unravel_index(flat, shape), -1).astype(np.int64).reshape(len(flat), len(shape))
+
+
+def sparse_case(rs):
+  op = sample(rs, SPARSE_OPS)
+  edges = rs.rand() < 0.3
+  if op.startswith("SparseSegment"):
+    ints = ("int32", "int64") if op.startswith("SparseSegmentSum") else ()
+    dtype = sample(rs, fz.dtypes_for(op, FLOATS + ints))
+    rows, k = rs.randint(1, 5), rs.randint(0, 6)
+    data = fill(rs, dtype, (rows,) + sample(rs, [(), (2,), (0,), (2, 1)]), edges)
+    indices = rs.randint(0, rows, k).astype(sample(rs, [np.int32, np.int64]))
+    ids = np.sort(rs.randint(0, 4, k)).astype(sample(rs, [np.int32, np.int64]))
+    if op.endswith("WithNumSegments"):   # the ids may be traced: the output has num_segments rows
+      segments = np.array((ids.max() + 1 if k else 0) + rs.randint(0, 2), np.int32)
+      return Case(op, [data, indices, ids, segments], static=frozenset({3})), 4
+    return Case(op, [data, indices, ids], static=frozenset({2})), 4
+  shape = sample(rs, [(4,), (3, 4), (2, 3, 2), (1, 5), (3, 0)])
+  coords = _coords(rs, shape, rs.randint(0, 7), shuffle=op == "SparseReorder")
+  dims = np.array(shape, np.int64)
+  if op == "SparseTensorDenseMatMul":
+    shape = sample(rs, [(3, 4), (1, 5), (2, 2)])
+    coords = _coords(rs, shape, rs.randint(0, 7), shuffle=True)
+    dtype = sample(rs, fz.dtypes_for(op, ("float32", "float64", "int32", "complex64")))
+    adjoint_a, adjoint_b = bool(rs.rand() < 0.5), bool(rs.rand() < 0.5)
+    inner, cols = shape[0] if adjoint_a else shape[1], rs.randint(1, 4)
+    b = fill(rs, dtype, (cols, inner) if adjoint_b else (inner, cols), edges)
+    values = fill(rs, dtype, (len(coords),), edges)
+    return Case(op, [coords, values, np.array(shape, np.int64), b], {"adjoint_a": adjoint_a, "adjoint_b": adjoint_b},
+                static=frozenset({2})), 8
+  dtype = sample(rs, fz.dtypes_for(op, ("float32", "float64", "float16", "int32")))
+  values = fill(rs, dtype, (len(coords),), edges)
+  if op in ("SparseReduceSum", "SparseReduceMax"):
+    axes = np.array([a for a in range(len(shape)) if rs.rand() < 0.5] or [rs.randint(-len(shape), len(shape))],
+                    np.int32)
+    return Case(op, [coords, values, dims, axes], {"keep_dims": bool(rs.rand() < 0.5)},
+                static=frozenset({2, 3})), 8
+  if op == "SparseSoftmax":
+    dtype = sample(rs, fz.dtypes_for(op, ("float32", "float64", "float16")))
+    return Case(op, [coords, fill(rs, dtype, (len(coords),), edges), dims], static=frozenset({2})), 16
+  if op in ("SparseDenseCwiseMul", "SparseDenseCwiseAdd"):
+    dense_shape = tuple(1 if rs.rand() < 0.3 else d for d in shape[rs.randint(0, len(shape) + 1):])
+    return Case(op, [coords, values, dims, fill(rs, dtype, dense_shape, edges)], static=frozenset({2})), 1
+  if op == "SparseReorder":
+    return Case(op, [coords, values, dims]), 1
+  if op == "SparseReshape":
+    size = int(np.prod(shape))
+    target = sample(rs, [[size], [-1], [1, -1], [-1, 2] if size % 2 == 0 else [size, 1], list(shape)[::-1]])
+    return Case(op, [coords, dims, np.array(target, np.int64)], static=frozenset({1, 2})), 1
+  if op == "SparseFillEmptyRows":
+    return Case(op, [coords, values, dims, fill(rs, dtype, (), edges)], static=frozenset({0, 2})), 1
+  other = _coords(rs, shape, rs.randint(0, 7))
+  return Case(op, [coords, values, dims, other, fill(rs, dtype, (len(other),), edges), dims,
+                   np.zeros((), np.float32 if dtype.startswith("float") else dtype)],
+              static=frozenset({0, 2, 3, 5, 6})), 1
+
+
 # --------------------------------------------------------------------------- nn
 
 
@@ -595,6 +667,7 @@ FAMILIES = {
     "reduction": (reduction_case, 60, 1100),
     "array": (array_case, 100, 1300),
     "gather_scatter": (gather_case, 40, 1000),
+    "sparse": (sparse_case, 40, 800),
     "nn": (nn_case, 32, 1400),
     "image": (image_case, 25, 250),
     "matmul": (matmul_case, 25, 900),
