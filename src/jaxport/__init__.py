@@ -6,6 +6,7 @@
 `import jaxport.flax` and needs `pip install 'jaxport[flax]'`.
 """
 from jaxport.artifact import LoadedFunction, export, load
+from jaxport.composite import RaggedArrays, SparseArrays
 from jaxport.config import get_config, override_config, override_configs, update_config
 from jaxport.convert import (ConvertedFunction, Variable, convert, convert_from_restored,
                              convert_functional, convert_functional_from_restored,
@@ -36,5 +37,5 @@ __all__ = [
     "ZeroCopyError", "DeviceMismatchError", "ShardedArrayError", "AssertionFailedError", "StableHLOError",
     "ConfigError", "DtypeCastWarning", "StaticArgumentError", "UnsupportedValueError",
     "DynamicShapeError", "DynamicLoopError", "PaddedSizeError", "X64NarrowingWarning", "X64OverflowError",
-    "RunTimeBranchWarning",
+    "RunTimeBranchWarning", "SparseArrays", "RaggedArrays",
 ]

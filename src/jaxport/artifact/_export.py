@@ -25,6 +25,7 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 
+from jaxport import composite
 from jaxport.artifact import _manifest as mf
 from jaxport.artifact._params import param_dtype, write_params
 from jaxport.artifact._structure import Structure, encode
@@ -183,6 +184,7 @@ def lower(jax_fn: Callable, params: dict, *example_args, platforms: tuple[str, .
   given = bool(example_args or example_kwargs)
   if not given and hasattr(jax_fn, "_input_structure"):
     example_args, example_kwargs = jax_fn._input_structure
+  example_args, example_kwargs = composite.expand((tuple(example_args), dict(example_kwargs)))
   _check_params(params)
   auto = batch_polymorphic is None
   if not auto:

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxport import composite
 from jaxport.artifact import _manifest as mf
 from jaxport.artifact._params import read_params
 from jaxport.call_forms import CallForms
@@ -66,7 +67,7 @@ class LoadedFunction(CallForms):
       raise MissingInputError(f"params is missing {len(missing)} parameter(s): {', '.join(missing)}. "
                               "Pass the params returned by jaxport.load.")
     flat = [self._array(params[s.path], s, f"params[{s.path!r}]", batch=None) for s in self._m.params]
-    leaves = self._m.input_structure.flatten((tuple(args), dict(kwargs)), "")
+    leaves = self._m.input_structure.flatten(composite.expand((tuple(args), dict(kwargs))), "")
     batch: dict[str, int] = {}
     flat += [self._array(x, s, f"input {s.path}", batch) for x, s in zip(leaves, self._m.inputs)]
     if self.requires_rng:

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import tree
 
+from jaxport import composite
 from jaxport import config as _config
 from jaxport.call_forms import CallForms
 from jaxport.convert import custom_gradient
@@ -90,6 +91,7 @@ class ConvertedFunction(CallForms):
     return not self.op_types.isdisjoint(ops_where(convolution=True))
 
   def _run(self, form: str, params, args, kwargs, rng):
+    args, kwargs = composite.expand((tuple(args), dict(kwargs)))
     mismatches = self._signature.static_mismatches(args, kwargs)
     if mismatches:
       return self._variant(args, kwargs, mismatches)._run(form, params, args, kwargs, rng)
@@ -149,6 +151,7 @@ class ConvertedFunction(CallForms):
     return self._graph.memo["eager_jit"]
 
   def _run_graph(self, inputs: list, state: dict, rng) -> tuple[list, dict]:
+    inputs = self._signature.with_constants(inputs)   # a sparse input's traced dense shape: static here
     runtime = Runtime(self._library, self._config, dict(state), rng, self._custom_gradients)
     outs = run_function(self._graph, inputs + list(self._captures), runtime)
     # An assign leaves a new array in the state; a read leaves the same one.
@@ -253,11 +256,13 @@ def _to_spec(x):
     return x
   if is_static_leaf(x):
     return x
+  if composite.is_composite(x):   # a sparse or ragged example traces as its TF type spec
+    return _composite_spec(x)
   kind = composite_kind(x)
   if kind:
-    raise UnsupportedValueError(f"example input {x!r:.60} is a tf.{kind}; jaxport converts dense tensors. Pass a "
-                     "dense tensor (e.g. `.to_tensor()`), or convert a function that builds the composite "
-                     "tensor inside TF from dense inputs.")
+    raise UnsupportedValueError(f"example input {x!r:.60} is a tf.{kind}; jaxport converts dense, sparse and "
+                                "ragged tensors. Pass a dense tensor (e.g. `.to_tensor()`), or convert a function "
+                                "that builds the composite tensor inside TF from dense inputs.")
   if isinstance(x, float):
     return tf.TensorSpec((), tf.float32)
   if isinstance(x, int):
@@ -268,6 +273,17 @@ def _to_spec(x):
     return tf.TensorSpec(tuple(x.shape), tf.as_dtype(np.dtype(x.dtype)))
   arr = np.asarray(x)
   return tf.TensorSpec(arr.shape, tf.as_dtype(arr.dtype))
+
+
+def _composite_spec(x):
+  """The TF type spec a sparse or ragged example traces with (a BCOO or SparseTensorValue as a SparseTensor's)."""
+  tf = _tf()
+  if isinstance(x, tf.TypeSpec):
+    return x
+  if type(x).__name__ in ("BCOO", "SparseTensorValue"):
+    parts = composite.components(x)
+    return tf.SparseTensorSpec(np.asarray(parts.dense_shape).tolist(), tf.as_dtype(np.dtype(parts.values.dtype)))
+  return tf.type_spec_from_value(x)
 
 
 def _concrete_function(fn, args, kwargs):
@@ -283,7 +299,9 @@ def _concrete_function(fn, args, kwargs):
     fn = tf.function(inference)
   elif not hasattr(fn, "get_concrete_function"):
     fn = tf.function(fn)
-  spec_args, spec_kwargs = tree.map_structure(_to_spec, (tuple(args), dict(kwargs)))
+  as_specs = tree.traverse(lambda x: _composite_spec(x) if composite.is_composite(x) else None,
+                           (tuple(args), dict(kwargs)), top_down=True)
+  spec_args, spec_kwargs = tree.map_structure(_to_spec, as_specs)
   return fn.get_concrete_function(*spec_args, **spec_kwargs), keras_variables
 
 
@@ -429,7 +447,7 @@ def _decode_graph(cf):
   # cf.outputs holds the tensor leaves of structured_outputs in flattening order
   # (restored functions describe those leaves with TensorSpecs).
   output_refs, output_leaves = [], []
-  for leaf in tree.flatten(cf.structured_outputs):
+  for leaf in tree.flatten(composite.expand(cf.structured_outputs)):
     if isinstance(leaf, (tf.Tensor, tf.TensorSpec)):
       ref = cf.outputs[len(output_refs)]
       output_leaves.append(len(output_refs))
@@ -476,7 +494,7 @@ def _annotate(jax_fn, cf, signature_of) -> None:
   jax_fn.structured_inputs = cf.structured_input_signature
   jax_fn.structured_outputs = tree.map_structure(
       lambda t: tf.TensorSpec(t.shape, t.dtype, name=t.op.name) if isinstance(t, tf.Tensor) else t,
-      cf.structured_outputs)
+      composite.expand(cf.structured_outputs))
   jax_fn.__signature__ = signature_of(cf)
 
 
@@ -518,15 +536,17 @@ def _from_concrete(cf, keras_variables: dict[int, KerasVariable], input_structur
 
   specs = []
   leaf_paths = [p for i, (p, _) in enumerate(tree.flatten_with_path(input_structure)) if i not in static_leaves]
+  fixed = composite.known_dense_shapes(input_structure)
   for path, t in zip(leaf_paths, user_inputs):
     shape = None if t.shape.rank is None else tuple(t.shape.as_list())
-    specs.append(InputSpec(path_name(path), shape, np.dtype(t.dtype.as_numpy_dtype)))
+    specs.append(InputSpec(path_name(path), shape, np.dtype(t.dtype.as_numpy_dtype), fixed.get(tuple(path))))
   param_specs = {k: jax.ShapeDtypeStruct(v.shape, jax.dtypes.canonicalize_dtype(v.dtype)) for k, v in params.items()}
   param_specs.update({k: v for k, v in graph_specs.items() if k not in param_specs})
 
   jax_fn = ConvertedFunction(
       graph, library, signature=Signature(input_structure, specs, static_leaves), input_structure=input_structure,
-      captures=captures, output_structure=plain_structure(tree.map_structure(lambda _: 0, cf.structured_outputs)),
+      captures=captures,
+      output_structure=plain_structure(tree.map_structure(lambda _: 0, composite.expand(cf.structured_outputs))),
       output_leaves=output_leaves, param_specs=param_specs, config=conf,
       requires_rng=bool(ops_where(needs_rng=True).intersection(uses)),
       name=_text(getattr(cf, "name", "converted")), custom_gradients=custom_gradients, retrace=retrace,
@@ -574,8 +594,8 @@ def convert(fn: Callable, *args, **kwargs) -> tuple[ConvertedFunction, dict[str,
     raise UnsupportedValueError(f"jaxport.convert takes a tf.function, a Python function of TF ops, a Keras model or a "
                      f"restored SavedModel function; got {type(fn).__name__}.")
   cf, keras_variables = _concrete_function(fn, args, kwargs)
-  structure = (tuple(args), dict(kwargs))
-  return _from_concrete(cf, keras_variables, structure, _static_leaf_indices(args, kwargs), _retracer(fn),
+  structure = composite.expand((tuple(args), dict(kwargs)))
+  return _from_concrete(cf, keras_variables, structure, _static_leaf_indices(*structure), _retracer(fn),
                         signature_of=lambda cf: _python_signature(cf, fn))
 
 
@@ -617,8 +637,8 @@ def _single_concrete(restored_fn):
 def convert_from_restored(restored_fn) -> tuple[ConvertedFunction, dict[str, Variable]]:
   """Converts a restored SavedModel function with a single concrete signature, without retracing."""
   cf = _single_concrete(restored_fn)
-  args, kwargs = cf.structured_input_signature
-  return _from_concrete(cf, {}, (tuple(args), dict(kwargs)), _static_leaf_indices(args, kwargs))
+  structure = composite.expand(tuple(cf.structured_input_signature))
+  return _from_concrete(cf, {}, (tuple(structure[0]), dict(structure[1])), _static_leaf_indices(*structure))
 
 
 def convert_functional_from_restored(restored_fn) -> Callable:

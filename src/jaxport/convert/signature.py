@@ -4,8 +4,8 @@ A converted function was traced with one `(args, kwargs)` structure: tensor leav
 (each with an `InputSpec`) and static leaves (`training=True`, a string mode, `None`),
 which TF baked into the graph. A call must give the same names (dict keys and keyword
 arguments are matched by name, never by sorted position), no `None` where a tensor was
-traced, and dense tensors. An input or param of another dtype kind (ints where floats
-were traced) is cast to the traced dtype with a one-time `DtypeCastWarning`, or refused
+traced, and dense tensors (a sparse or ragged one as its components: `jaxport.composite`).
+An input or param of another dtype kind (ints where floats were traced) is cast to the traced dtype with a one-time `DtypeCastWarning`, or refused
 under `strict_dtype_check`; another width of the same kind (bfloat16 for float32) passes
 as given, so lower-precision runs stay possible. Static leaves that differ from the traced
 ones are reported as `StaticMismatch`es: the caller retraces for them or raises, never
@@ -37,6 +37,7 @@ class InputSpec:
   path: str
   shape: tuple[int | None, ...] | None
   dtype: np.dtype
+  constant: np.ndarray | None = None   # a sparse input's dense shape, fixed by the trace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,7 +170,20 @@ class Signature:
     tensors = [x for i, x in enumerate(leaves) if i not in self.static_leaves]
     return [self._as_input(spec, x, strict_shape, strict_dtype) for spec, x in zip(self.specs, tensors)]
 
+  def with_constants(self, inputs: list) -> list:
+    """The graph's inputs with each fixed one (a traced sparse dense shape) as its NumPy constant."""
+    return [x if spec.constant is None else spec.constant for spec, x in zip(self.specs, inputs)]
+
+  def _check_constant(self, spec: InputSpec, x) -> None:
+    given = None if isinstance(x, jax.core.Tracer) else np.asarray(x)
+    if given is not None and (given.shape != spec.constant.shape or np.any(given != spec.constant)):
+      raise ShapeMismatchError(
+          f"incompatible input: {spec.path} (a sparse tensor's dense shape) was traced as {spec.constant.tolist()}, "
+          f"got {given.tolist()}. Convert with a tf.SparseTensorSpec whose free dims are None.")
+
   def _as_input(self, spec: InputSpec, x, strict_shape: bool, strict_dtype: bool):
+    if spec.constant is not None:
+      self._check_constant(spec, x)
     kind = composite_kind(x)
     if kind:
       raise UnsupportedValueError(f"input {spec.path} is a tf.{kind}; jaxport functions take dense arrays. Convert it "
