@@ -5,9 +5,10 @@ A converted function was traced with one `(args, kwargs)` structure: tensor leav
 which TF baked into the graph. A call must give the same names (dict keys and keyword
 arguments are matched by name, never by sorted position), no `None` where a tensor was
 traced, and dense tensors (a sparse or ragged one as its components: `jaxport.composite`).
-An input or param of another dtype kind (ints where floats were traced) is cast to the traced dtype with a one-time `DtypeCastWarning`, or refused
-under `strict_dtype_check`; another width of the same kind (bfloat16 for float32) passes
-as given, so lower-precision runs stay possible. Static leaves that differ from the traced
+An input or param of another dtype kind (ints where floats were traced) is cast to the
+traced dtype with a one-time `DtypeCastWarning`, or refused under `strict_dtype_check`;
+another width of the same kind (bfloat16 for float32) passes as given, so lower-precision
+runs stay possible. Static leaves that differ from the traced
 ones are reported as `StaticMismatch`es: the caller retraces for them or raises, never
 computing the traced branch for another value.
 
