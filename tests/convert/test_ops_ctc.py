@@ -27,7 +27,8 @@ def test_ctc_loss(collapse, merge):
 
 
 def test_ctc_loss_with_traced_labels_under_jit():
-  fn = lambda logits, i, v, n: raw.CTCLoss(inputs=logits, labels_indices=i, labels_values=v, sequence_length=n)[0]  # noqa: E731
+  def fn(logits, indices, values, lengths):
+    return raw.CTCLoss(inputs=logits, labels_indices=indices, labels_values=values, sequence_length=lengths)[0]
   check(fn, LOGITS, LABEL_INDICES, LABEL_VALUES, LENGTHS, vmap=False, atol=2e-5)
 
 
