@@ -517,6 +517,44 @@ def sparse_case(rs):
               static=frozenset({0, 2, 3, 5, 6})), 1
 
 
+# --------------------------------------------------------------------------- ragged
+
+
+def _splits(rs, rows: int, most: int) -> np.ndarray:
+  return np.concatenate([[0], np.cumsum(rs.randint(0, most + 1, rows))]).astype(sample(rs, [np.int32, np.int64]))
+
+
+def ragged_case(rs):
+  op = sample(rs, ["RaggedTensorToTensor", "RaggedGather", "RaggedRange"])
+  dtype = sample(rs, ("float32", "float64", "int32", "float16"))
+  if op == "RaggedRange":
+    kind = sample(rs, [np.int32, np.int64, np.float32])
+    starts, limits = rs.randint(-4, 5, 3).astype(kind), rs.randint(-4, 9, 3).astype(kind)
+    deltas = np.where(rs.rand(3) < 0.3, -1, 1) * rs.randint(1, 4, 3).astype(kind)
+    if kind == np.float32:
+      deltas = deltas * np.float32(sample(rs, [0.5, 0.7, 1.3]))
+    return Case(op, [starts, limits, deltas.astype(kind)], {"Tsplits": sample(rs, [np.int32, np.int64])},
+                static=frozenset({0, 1, 2})), 4
+  outer = _splits(rs, rs.randint(1, 4), 3)
+  levels = [outer] + ([_splits(rs, int(outer[-1]), 2).astype(outer.dtype)] if rs.rand() < 0.4 else [])
+  inner = sample(rs, [(), (2,)])
+  values = fill(rs, dtype, (int(levels[-1][-1]),) + inner, rs.rand() < 0.3)
+  if op == "RaggedGather":
+    indices = rs.randint(0, len(outer) - 1, size=sample(rs, [(3,), (2, 2), (0,)])).astype(np.int32)
+    return Case(op, levels + [values, indices], {"OUTPUT_RAGGED_RANK": len(levels) + indices.ndim - 1},
+                layout=(("params_nested_splits", len(levels)), ("params_dense_values", None), ("indices", None)),
+                static=frozenset(range(len(levels))) | {len(levels) + 1}), 1
+  rank = 1 + len(levels) + len(inner)
+  shape = np.array([sample(rs, [-1, -1, 1, 2, 4]) for _ in range(rank)], np.int64)
+  shape[1 + len(levels):] = np.where(shape[1 + len(levels):] == -1, -1, inner) if inner else shape[1 + len(levels):]
+  default = fill(rs, dtype, sample(rs, [(), inner]), False)
+  # a width left to the data (-1) is the longest row: then the splits must be known
+  known_splits = range(3, 3 + len(levels)) if (shape[1:1 + len(levels)] == -1).any() else ()
+  return Case(op, [shape, values, default] + levels, {"row_partition_types": ["ROW_SPLITS"] * len(levels)},
+              layout=(("shape", None), ("values", None), ("default_value", None),
+                      ("row_partition_tensors", len(levels))), static=frozenset({0, *known_splits})), 1
+
+
 # --------------------------------------------------------------------------- nn
 
 
@@ -668,6 +706,7 @@ FAMILIES = {
     "array": (array_case, 100, 1300),
     "gather_scatter": (gather_case, 40, 1000),
     "sparse": (sparse_case, 40, 800),
+    "ragged": (ragged_case, 30, 500),
     "nn": (nn_case, 32, 1400),
     "image": (image_case, 25, 250),
     "matmul": (matmul_case, 25, 900),
