@@ -10,6 +10,8 @@ respect to the logits, is JAX's derivative of that loss (TF's gradient function 
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -94,17 +96,24 @@ def ctc_loss(ctx, inputs, labels_indices, labels_values, sequence_length):
   if ctx.attr("preprocess_collapse_repeated", False):
     table, lengths = _collapse_repeats(table, lengths)
   merge = bool(ctx.attr("ctc_merge_repeated", True))
-  sequence_length = jnp.asarray(sequence_length, jnp.int32)
-
-  def losses(logits):
-    loss = _ctc_loss(logits, table, lengths, sequence_length, classes - 1, merge)
-    if ctx.attr("ignore_longer_outputs_than_inputs", False):   # rows that cannot fit: loss and gradient 0
-      loss = jnp.where(jnp.isfinite(loss), loss, 0)
-    return loss
-
-  loss, pullback = jax.vjp(losses, jnp.asarray(inputs, jnp.float32))
-  gradient, = pullback(jnp.ones_like(loss))
+  ignore_longer = bool(ctx.attr("ignore_longer_outputs_than_inputs", False))
+  loss, gradient = _loss_and_gradient(jnp.asarray(inputs), table, lengths, jnp.asarray(sequence_length, jnp.int32),
+                                      blank=classes - 1, merge_repeated=merge, ignore_longer=ignore_longer)
   return loss.astype(inputs.dtype), gradient.astype(inputs.dtype)
+
+
+# One compiled function per shape and attributes: an eager (op by op) call reuses it instead of tracing
+# the scan again; under an outer jit it is inlined.
+@functools.partial(jax.jit, static_argnames=("blank", "merge_repeated", "ignore_longer"))
+def _loss_and_gradient(logits, table, lengths, sequence_length, *, blank: int, merge_repeated: bool,
+                       ignore_longer: bool):
+  def losses(x):
+    loss = _ctc_loss(x, table, lengths, sequence_length, blank, merge_repeated)
+    return jnp.where(jnp.isfinite(loss), loss, 0) if ignore_longer else loss   # rows that cannot fit: 0
+
+  loss, pullback = jax.vjp(losses, logits.astype(jnp.float32))
+  gradient, = pullback(jnp.ones_like(loss))
+  return loss, gradient
 
 
 @register("CTCGreedyDecoder")
