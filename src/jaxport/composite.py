@@ -37,6 +37,10 @@ def _tf_type(x, names) -> bool:
   return cls.__name__ in names and cls.__module__.startswith("tensorflow")
 
 
+def _is_bcoo(x) -> bool:
+  return type(x).__name__ == "BCOO" and type(x).__module__.startswith("jax")
+
+
 def _tf_components(x) -> list:
   """TF's component tensors (or TensorSpecs) of a composite, in TF's order."""
   import tensorflow as tf   # only reached with a TF object in hand
@@ -57,7 +61,7 @@ def components(x):
     if len(splits) != x.ragged_rank:
       raise TypeError(f"a RaggedTensor with uniform row lengths is not supported as an input or output; got {x!r:.80}")
     return RaggedArrays(flat_values, tuple(splits))
-  if type(x).__name__ == "BCOO" and type(x).__module__.startswith("jax"):
+  if _is_bcoo(x):
     if x.n_batch or x.n_dense:
       raise TypeError(f"a BCOO with batch or dense dimensions has no tf.SparseTensor form; got n_batch={x.n_batch}, "
                       f"n_dense={x.n_dense}")
@@ -90,4 +94,4 @@ def known_dense_shapes(structure) -> dict[tuple, np.ndarray]:
 
 
 def is_composite(x) -> bool:
-  return _tf_type(x, _SPARSE + _RAGGED) or (type(x).__name__ == "BCOO" and type(x).__module__.startswith("jax"))
+  return _tf_type(x, _SPARSE + _RAGGED) or _is_bcoo(x)

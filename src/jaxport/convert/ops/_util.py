@@ -22,6 +22,11 @@ def xp(*arrays):
   return np if all(is_concrete(a) for a in arrays) else jnp
 
 
+def text(value) -> str:
+  """A string attribute as `str` (TF's GraphDef holds them as bytes)."""
+  return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def static_value(x, what: str = "value", ctx=None) -> np.ndarray:
   """The NumPy value of an input that decides a shape (or another trace-time property).
 

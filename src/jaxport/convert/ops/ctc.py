@@ -57,27 +57,27 @@ def _ctc_loss(logits, table, lengths, sequence_length, blank: int, merge_repeate
   if merge_repeated:
     skip = skip & (extended != previous_two)
   stay = jnp.ones_like(skip) if merge_repeated else extended == blank
-  neg_inf = jnp.float32(_IMPOSSIBLE)
+  impossible = jnp.float32(_IMPOSSIBLE)
 
   def emit(t):
     return jnp.take_along_axis(log_probs[t], extended, axis=1)
 
-  start = jnp.where(position[None] < 2, emit(0), neg_inf)
-  start = jnp.where(real & (sequence_length[:, None] > 0), start, neg_inf)
+  start = jnp.where(position[None] < 2, emit(0), impossible)
+  start = jnp.where(real & (sequence_length[:, None] > 0), start, impossible)
 
   def step(alpha, t):
-    shifted = lambda a, k: jnp.concatenate([jnp.full((batch, k), neg_inf), a[:, :-k]], 1)  # noqa: E731
-    paths = jnp.stack([jnp.where(stay, alpha, neg_inf), shifted(alpha, 1),
-                       jnp.where(skip, shifted(alpha, 2), neg_inf)])
+    shifted = lambda a, k: jnp.concatenate([jnp.full((batch, k), impossible), a[:, :-k]], 1)  # noqa: E731
+    paths = jnp.stack([jnp.where(stay, alpha, impossible), shifted(alpha, 1),
+                       jnp.where(skip, shifted(alpha, 2), impossible)])
     new = jax.nn.logsumexp(paths, axis=0) + emit(t)
-    new = jnp.where(real, new, neg_inf)
+    new = jnp.where(real, new, impossible)
     return jnp.where((t < sequence_length)[:, None], new, alpha), None
 
   alpha, _ = jax.lax.scan(step, start, jnp.arange(1, steps)) if steps > 1 else (start, None)
   last = 2 * lengths
   ends = jnp.stack([jnp.take_along_axis(alpha, last[:, None], 1)[:, 0],
                     jnp.where(last > 0, jnp.take_along_axis(alpha, jnp.maximum(last - 1, 0)[:, None], 1)[:, 0],
-                              neg_inf)])
+                              impossible)])
   loss = -jax.nn.logsumexp(ends, axis=0)
   # too few steps for the labels (each repeat needs a blank between, when merged): TF's loss is inf
   repeats = jnp.sum((table[:, 1:] == table[:, :-1]) & (jnp.arange(1, table.shape[1])[None] < lengths[:, None]), 1)

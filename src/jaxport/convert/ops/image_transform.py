@@ -16,14 +16,11 @@ import numpy as np
 from jax import lax
 
 from jaxport.convert import _jax_compat
+from jaxport.convert.ops._util import text
 from jaxport.convert.ops.array import _static
 from jaxport.convert.registry import register
 
 _F32 = jnp.float32
-
-
-def _attr_text(value) -> str:
-  return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _map_coordinate(c, length: int, mode: str):
@@ -104,8 +101,8 @@ def _inverted(transforms):
 @register("ImageProjectiveTransformV2", "ImageProjectiveTransformV3")
 def image_projective_transform(ctx, images, transforms, output_shape, fill_value=0.0):
   out_hw = tuple(_static(ctx, output_shape, "output_shape"))
-  interpolation = _attr_text(ctx.attr("interpolation")).upper()
-  mode = _attr_text(ctx.attr("fill_mode", "CONSTANT")).upper()
+  interpolation = text(ctx.attr("interpolation")).upper()
+  mode = text(ctx.attr("fill_mode", "CONSTANT")).upper()
   images = jnp.asarray(images)
   transforms = lax.stop_gradient(jnp.asarray(transforms).reshape(-1, 8))   # TF: no gradient for them
   fill = lax.stop_gradient(jnp.asarray(fill_value).astype(images.dtype).astype(_F32))   # TF: a T

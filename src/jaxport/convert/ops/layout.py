@@ -11,17 +11,13 @@ import math
 
 import numpy as np
 
-from jaxport.convert.ops._util import xp
+from jaxport.convert.ops._util import text, xp
 from jaxport.convert.registry import register
-
-
-def _text(value) -> str:
-  return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _to_nhwc(ctx, x):
   """`x` in NHWC, and the function that puts a result back in the node's data_format."""
-  data_format = _text(ctx.attr("data_format", "NHWC"))
+  data_format = text(ctx.attr("data_format", "NHWC"))
   m = xp(x)
   if data_format == "NHWC":
     return x, lambda y: y
@@ -78,7 +74,7 @@ def extract_image_patches(ctx, images):
   _, kr, kc, _ = ctx.attr("ksizes")
   _, sr, sc, _ = ctx.attr("strides")
   _, rr, rc, _ = ctx.attr("rates")
-  padding = _text(ctx.attr("padding"))
+  padding = text(ctx.attr("padding"))
   b, h, w, c = np.shape(images)
   rows, top, bottom = _window_geometry(h, kr, sr, rr, padding)
   cols, left, right = _window_geometry(w, kc, sc, rc, padding)

@@ -12,12 +12,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from jaxport.convert.ops._util import jax_dtype, static_value, xp
+from jaxport.convert.ops._util import jax_dtype, static_value, text, xp
 from jaxport.convert.registry import register
-
-
-def _attr_text(value) -> str:
-  return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _splits_of(ctx, kind: str, partition, nrows: int):
@@ -38,7 +34,7 @@ def _splits_of(ctx, kind: str, partition, nrows: int):
 
 def _partitions(ctx, partitions) -> list:
   """The row splits of each ragged dimension, outermost first."""
-  kinds = [_attr_text(k) for k in ctx.attr("row_partition_types")]
+  kinds = [text(k) for k in ctx.attr("row_partition_types")]
   tensors = list(partitions)
   nrows = None
   if kinds and kinds[0] == "FIRST_DIM_SIZE":
@@ -109,7 +105,6 @@ def ragged_to_tensor(ctx, shape, values, default_value, *partitions):
     return out
   index = tuple(jnp.where(inside, c, out_shape[axis]) for axis, c in enumerate(coordinates))
   return jnp.asarray(base).at[index].set(jnp.asarray(values), mode="drop")
-
 
 
 @register("RaggedGather")
