@@ -264,6 +264,7 @@ def _merged(a, b) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """TF's two-pointer merge of two coordinate lists (each assumed row-major sorted): the output
   coordinates and, per output entry, the a and b entry it sums (-1: none)."""
   out, from_a, from_b = [], [], []
+  rank = np.shape(a)[1]
   a, b = [tuple(c) for c in a.tolist()], [tuple(c) for c in b.tolist()]
   i = j = 0
   while i < len(a) or j < len(b):
@@ -272,8 +273,7 @@ def _merged(a, b) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     from_a.append(i if order <= 0 else -1)
     from_b.append(j if order >= 0 else -1)
     i, j = i + (order <= 0), j + (order >= 0)
-  rank = len(a[0]) if a else len(b[0]) if b else 0
-  return np.asarray(out, np.int64).reshape(-1, rank), np.asarray(from_a, np.int64), np.asarray(from_b, np.int64)
+  return np.asarray(out, np.int64).reshape(len(out), rank), np.asarray(from_a, np.int64), np.asarray(from_b, np.int64)
 
 
 def _picked_or_zero(values, at: np.ndarray):
