@@ -213,3 +213,10 @@ def _reverse_scalar(case, mode):
             "at run time, so a traced sum is kept (the output size cannot depend on values)")
 def _sparse_add_nan_sum(case, mode):
   return mode == "jit" and any(np.isnan(x).any() for x in _floats(case))
+
+
+@difference("SparseReduceMax SparseReduceMaxSparse", "NaN in the values",
+            "TF's Eigen max skips a NaN depending on its position in the group; the rule's scatter-max "
+            "propagates it (as MaxPool's)")
+def _sparse_reduce_max_nan(case, mode):
+  return any(np.isnan(x).any() for x in _floats(case))
