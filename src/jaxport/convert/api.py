@@ -16,6 +16,7 @@ from jaxport.call_forms import CallForms
 from jaxport.convert import custom_gradient
 from jaxport.convert.graph import GraphFunction, Library, decode_nodes
 from jaxport.convert.interpreter import Runtime, VariableRef, run_function
+from jaxport.convert.tables import TableRef
 from jaxport.convert.ops._util import has_symbolic, stage_dims
 from jaxport.convert.registry import Tier, get_rule, ops_where
 from jaxport.convert.tiers import GRAPH_INPUT_OPS, op_tier
@@ -414,6 +415,11 @@ class _ParamCollector:
       return np.zeros(var.shape, var.dtype.as_numpy_dtype)
     return _shared_value(var)
 
+  def is_table(self, handle) -> bool:
+    """Whether a captured resource is not a variable (the graph reads it as a lookup table)."""
+    from jaxport.convert.handle_owners import owning_variable
+    return id(handle) not in self._variables and owning_variable(handle) is None
+
   def ref(self, handle, what: str, variables=()) -> VariableRef:
     """The VariableRef of the variable behind an eager resource `handle`."""
     if id(handle) not in self._refs:
@@ -510,11 +516,15 @@ def _from_concrete(cf, keras_variables: dict[int, KerasVariable], input_structur
   collector = _ParamCollector(cf, keras_variables)
   by_internal = {id(internal): external for external, internal in cf.graph.captures}
   captures = []
+  uses = _op_uses(graph, library)
+  reads_tables = any(op.startswith("LookupTable") for op in uses)
   for internal in captured_inputs:
     external = by_internal.get(id(internal))
     if external is None:
       raise TypeError(f"captured input {internal.name} has no external value")
-    if external.dtype == tf.resource:
+    if external.dtype == tf.resource and reads_tables and collector.is_table(external):
+      captures.append(TableRef(external, internal.name))
+    elif external.dtype == tf.resource:
       captures.append(collector.ref(external, f"captured resource {internal.name}"))
     else:
       captures.append(np.asarray(external.numpy()))
@@ -528,7 +538,6 @@ def _from_concrete(cf, keras_variables: dict[int, KerasVariable], input_structur
                    if n.op in ("VariableV2", "Variable", "VarHandleOp")
                    and variable_key(n) in graph_specs and variable_key(n) not in params}
 
-  uses = _op_uses(graph, library)
   missing = _unsupported(uses, library, conf)
   if missing:
     raise UnsupportedOperationsError(missing)

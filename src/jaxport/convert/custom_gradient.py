@@ -41,7 +41,7 @@ import numpy as np
 
 from jaxport.convert import _jax_compat, export_marks
 from jaxport.convert.graph import GraphFunction, Library, Node, decode_nodes, dependency_order
-from jaxport.convert.interpreter import Runtime, VariableRef, run_function
+from jaxport.convert.interpreter import Runtime, VariableRef, is_handle, run_function
 from jaxport.convert.ops._util import is_concrete
 
 GRADIENT_OP_TYPE = "_gradient_op_type"
@@ -377,7 +377,7 @@ class _Backward:
     self.refs = sorted({c.key for c in self.captures if isinstance(c, VariableRef)})
     self.inner = [(i, c.index) for i, c in enumerate(self.captures) if isinstance(c, _Inner)]
     self.traced = [i for i, c in enumerate(self.captures)
-                   if not isinstance(c, (VariableRef, _Inner)) and not is_concrete(c)]
+                   if not isinstance(c, _Inner) and not is_handle(c) and not is_concrete(c)]
     self.res = [runtime.read_variable(VariableRef(k)) for k in self.refs] + [self.captures[i] for i in self.traced]
     self.primals = primals   # shapes and dtypes of the gradients
 

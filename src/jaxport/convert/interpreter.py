@@ -13,6 +13,7 @@ from jaxport import config as _config
 from jaxport.convert import padded_rows
 from jaxport.convert.graph import GraphFunction, Library, Node
 from jaxport.convert.registry import OpRule, Tier, get_rule
+from jaxport.convert.tables import TableRef
 from jaxport.convert.tiers import node_rule
 from jaxport.errors import DynamicShapeError, MissingInputError
 
@@ -21,6 +22,11 @@ from jaxport.errors import DynamicShapeError, MissingInputError
 class VariableRef:
   """What a resource handle evaluates to: the key of a variable in `params`."""
   key: str
+
+
+def is_handle(value) -> bool:
+  """A resource handle (a variable's or a lookup table's): passed by reference, never carried."""
+  return isinstance(value, (VariableRef, TableRef))
 
 
 class Runtime:
@@ -37,6 +43,7 @@ class Runtime:
     self.deferred: dict[int, tuple] = {}   # id(constant staged for its size) -> (value, thunk of its NumPy value)
     self.offsets: dict[int, tuple] = {}    # id(traced x + constant c) -> (result, x, c); ops/array's Range
     self.padded: dict[int, padded_rows.Padded] = {}   # id(value) -> how Unique padded it under jit
+    self.bounds: dict[int, tuple] = {}     # id(traced int scalar) -> (value, low, high); ops/math's clamps
 
   def read_variable(self, ref: VariableRef):
     try:
@@ -55,6 +62,7 @@ class Runtime:
     child.deferred = self.deferred
     child.offsets = self.offsets
     child.padded = self.padded
+    child.bounds = self.bounds
     return child
 
   def call(self, fn_name: str, args) -> list:

@@ -21,7 +21,7 @@ from jax import lax
 
 from jaxport.convert import export_marks
 from jaxport.convert.graph import GraphFunction
-from jaxport.convert.interpreter import Runtime, VariableRef, run_function
+from jaxport.convert.interpreter import Runtime, VariableRef, is_handle, run_function
 from jaxport.convert.ops._loops import live_loop_vars, needs_python_loop, pruned, python_loop, used_outputs
 from jaxport.convert.ops._trip_count import closed_form_trip_count
 from jaxport.convert.ops._util import is_concrete, jax_dtype, known_value
@@ -69,7 +69,7 @@ def function_writes_state(library, fn_name: str) -> bool:
 
 def _is_dynamic(value) -> bool:
   """Values that must travel through a lax carry."""
-  return not (is_concrete(value) or isinstance(value, VariableRef))
+  return not (is_concrete(value) or is_handle(value))
 
 
 def _passthrough_indices(fn: GraphFunction) -> set[int]:
@@ -131,7 +131,7 @@ def _static_trip_count(runtime, cond_fn, body_fn, loop_vars, passthrough) -> int
 def _simulated_trip_count(runtime, cond_fn, body_fn, loop_vars) -> int | None:
   """The trip count found by running the loop's constant part in NumPy, up to MAX_SIMULATED_TRIPS."""
   known = {i for i, v in enumerate(loop_vars) if is_concrete(v)}
-  refs = {i for i, v in enumerate(loop_vars) if isinstance(v, VariableRef)}
+  refs = {i for i, v in enumerate(loop_vars) if is_handle(v)}
   while True:   # shrink `known` to the vars whose updates depend only on known vars
     args = [v if i in known | refs else _Unknown() for i, v in enumerate(loop_vars)]
     still = {i for i in known if _simulate(body_fn, [i], args, runtime) is not None}
@@ -190,9 +190,9 @@ def while_loop(ctx, *loop_vars):
   keep = sorted(live)
   run_body = body_fn if len(keep) == len(loop_vars) else pruned(body_fn, keep)
   static = {i for i, v in enumerate(loop_vars)
-            if i not in live or (not _is_dynamic(v) and (i in passthrough or isinstance(v, VariableRef)))}
+            if i not in live or (not _is_dynamic(v) and (i in passthrough or is_handle(v)))}
   for i, v in enumerate(loop_vars):
-    if isinstance(v, VariableRef) and i not in passthrough:
+    if is_handle(v) and i not in passthrough:
       raise NotImplementedError(f"While {ctx.name!r}: loop variable {i} swaps resource handles between iterations")
   dyn_idx = [i for i in range(len(loop_vars)) if i not in static]
   trips = _static_trip_count(runtime, cond_fn, body_fn, loop_vars, passthrough)
@@ -289,6 +289,8 @@ def _eager_loop_key(ctx, loop: _LaxLoop):
       continue
     if isinstance(v, VariableRef):
       static.append((i, v.key))
+    elif is_handle(v):
+      static.append((i, "table", id(v)))
     elif is_concrete(v) and np.asarray(v).nbytes <= _MAX_KEYED_BYTES:
       v = np.asarray(v)
       static.append((i, v.dtype.str, v.shape, v.tobytes()))

@@ -495,7 +495,43 @@ def _maximum(xp, x, y):
 @register("Maximum", elementwise=True)
 def maximum(ctx, x, y):
   relu = jax2tf_relu(ctx, x, y)
-  return relu if relu is not None else apply(_maximum, (x, y))
+  if relu is not None:
+    return relu
+  clamped = _clamp(ctx, x, y, upper=False)
+  return clamped if clamped is not None else apply(_maximum, (x, y))
+
+
+@register("Minimum", elementwise=True)
+def minimum(ctx, x, y):
+  clamped = _clamp(ctx, x, y, upper=True)
+  return clamped if clamped is not None else apply(_minimum, (x, y))
+
+
+def _clamp(ctx, x, y, upper: bool):
+  """Maximum (`upper` False) or Minimum of a traced integer scalar and a constant one, with the
+  bounds it gives noted; a constant when the traced value's noted bounds already decide it.
+
+  `tf.math.bincount` (Keras `CategoryEncoding`, `IntegerLookup(output_mode="multi_hot")`) clamps
+  its size, max(x) + 1, between minlength and maxlength: equal ones give a static size under jit.
+  """
+  for value, c in ((x, y), (y, x)):
+    if not (isinstance(value, jax.Array) and is_concrete(c) and np.ndim(value) == 0 and np.ndim(c) == 0
+            and jnp.issubdtype(value.dtype, jnp.integer)):
+      continue
+    _, low, high = ctx.runtime.bounds.get(id(value), (value, None, None))
+    c = int(c)
+    if upper:
+      if low is not None and low >= c:
+        return np.asarray(c, value.dtype)
+      low, high = (None if low is None else min(low, c)), (c if high is None else min(high, c))
+    else:
+      if high is not None and high <= c:
+        return np.asarray(c, value.dtype)
+      low, high = (c if low is None else max(low, c)), (None if high is None else max(high, c))
+    out = (jnp.minimum if upper else jnp.maximum)(value, jnp.asarray(c, value.dtype))
+    ctx.runtime.bounds[id(out)] = (out, low, high)
+    return out
+  return None
 
 
 def jax2tf_relu(ctx, x, y) -> Any | None:
@@ -516,7 +552,6 @@ def jax2tf_relu(ctx, x, y) -> Any | None:
   return jnp.broadcast_to(jax.nn.relu(x), jnp.broadcast_shapes(x.shape, y.shape))
 
 
-@_elementwise("Minimum")
 def _minimum(xp, x, y):
   return _minimum_tf_grad(x, y) if xp is jnp and _is_float(x) else xp.minimum(x, y)
 
