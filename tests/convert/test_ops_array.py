@@ -483,3 +483,13 @@ def test_range_from_a_traced_start_has_a_static_length():
   jax_fn, params = jaxport.convert(fn, start, x)
   for s in (np.int32(7), np.int32(-3)):
     assert_close(jax.jit(jax_fn)(params, s, x)[0], fn(s, x).numpy(), atol=1e-6, rtol=1e-6)
+
+
+def test_unravel_index():
+  # UnravelIndex: 1-D and 0-D indices, constant and traced dims; TF refuses indices out of range
+  check(lambda i: tf.unravel_index(i, [3, 4, 5]), np.array([0, 7, 59, 23], np.int32))
+  check(lambda i: tf.unravel_index(i, [3, 4, 5]), np.array(17, np.int64), vmap=False)
+  check(lambda i, d: tf.unravel_index(i, d), np.array([0, 7, 11], np.int32), np.array([3, 4], np.int32))
+  jax_fn, params = jaxport.convert(tf.function(lambda i: tf.unravel_index(i, [2, 3])), np.array([1, 2], np.int32))
+  with pytest.raises(jaxport.errors.InvalidNodeError, match="UnravelIndex"):
+    jax_fn(params, np.array([1, 6], np.int32))

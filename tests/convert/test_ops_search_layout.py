@@ -1,4 +1,4 @@
-"""Searches (LowerBound, UpperBound, Bucketize, InTopK, ListDiff), space/depth layout ops,
+"""Searches (LowerBound, UpperBound, Bucketize, InTopK, NthElement, ListDiff), space/depth layout ops,
 image patches, bincounts and in-place row updates against TF."""
 import jax
 import numpy as np
@@ -194,3 +194,19 @@ def test_in_top_k_traced_k_under_jit():
   out = jax.jit(fn)(normal(3, 4), np.int32([0, 1, 2]), np.int32(2))
   expected = raw.InTopKV2(predictions=normal(3, 4), targets=np.int32([0, 1, 2]), k=2)
   np.testing.assert_array_equal(out, expected.numpy())
+
+
+@pytest.mark.parametrize("n,reverse", [(0, False), (2, False), (5, False), (0, True), (3, True)])
+def test_nth_element(n, reverse):
+  # the gradient is shared by every entry equal to the result (TF's _NthElementGrad): row 0 has ties
+  x = normal(3, 4, 6, seed=n)
+  x[0, :, :3] = 1.5
+  x[1, 0, :] = -2.0
+  check(lambda v: raw.NthElement(input=v, n=n, reverse=reverse), x)
+
+
+def test_nth_element_ints_and_refusal():
+  check(lambda v: raw.NthElement(input=v, n=1), rs.randint(0, 3, size=(5, 4)).astype(np.int32))
+  jax_fn, params = jaxport.convert(tf.function(lambda v, k: raw.NthElement(input=v, n=k)), normal(2, 3), np.int32(1))
+  with pytest.raises(jaxport.errors.InvalidNodeError, match=r"n must be in \[0, 3\)"):
+    jax_fn(params, normal(2, 3), np.int32(3))

@@ -33,7 +33,7 @@ from jaxport.convert.ops import softmax_product
 from jaxport.convert.ops._util import (cast, has_symbolic, is_concrete, is_symbolic, known_value, shape_value,
                                        static_ints, static_value, xp)
 from jaxport.convert.registry import register
-from jaxport.errors import DynamicShapeError
+from jaxport.errors import DynamicShapeError, InvalidNodeError
 
 
 def _static(ctx, x, operand: str) -> list[int]:
@@ -427,6 +427,21 @@ def mirror_pad_grad(ctx, grad, paddings):
 def where(ctx, condition):
   """Coordinates of the true (non-zero) elements, int64 [num_true, rank]."""
   return np.argwhere(_concrete_values(ctx, condition)).astype(np.int64)
+
+
+@register("UnravelIndex", size_bounded=True)
+def unravel_index(ctx, indices, dims):
+  """The coordinates in an array of shape `dims` of flat `indices` (0-D or 1-D): [len(dims), ...]."""
+  known_indices, known_dims = known_value(indices), known_value(dims)
+  if known_indices is not None and known_dims is not None:
+    size = int(np.prod(known_dims))
+    if np.any((known_indices < 0) | (known_indices >= size)):
+      raise InvalidNodeError(f"UnravelIndex node {ctx.name!r}: indices must be in [0, {size}) for dims "
+                             f"{known_dims.tolist()}, got {known_indices.tolist()}")
+  m = xp(indices, dims)
+  strides = m.flip(m.cumprod(m.flip(dims)))   # the size of each dim's trailing block, outermost first
+  trailing = m.concatenate([strides[1:], m.ones(1, strides.dtype)]).reshape((-1,) + (1,) * np.ndim(indices))
+  return (indices // trailing) % m.reshape(dims, trailing.shape)
 
 
 @register("Select", size_bounded=True)

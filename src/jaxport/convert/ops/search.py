@@ -1,7 +1,7 @@
-"""Op rules: searches in sorted sequences (LowerBound, UpperBound, Bucketize), InTopK, and
-ListDiff (the values of one vector missing from another; its output shape depends on them).
+"""Op rules: searches in sorted sequences (LowerBound, UpperBound, Bucketize), InTopK, NthElement,
+and ListDiff (the values of one vector missing from another; its output shape depends on them).
 
-Differences from TF: none known. `LowerBound`/`UpperBound` assume sorted rows, as TF does
+Differences from TF: none known (NaN inputs to NthElement order as in a sort: TF leaves it undefined). `LowerBound`/`UpperBound` assume sorted rows, as TF does
 (unsorted rows give unspecified results in both).
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ import numpy as np
 
 from jaxport.convert.ops._util import cast, static_value, xp
 from jaxport.convert.registry import register
+from jaxport.errors import InvalidNodeError
 
 
 def _search_rows(sorted_inputs, values, side: str):
@@ -71,3 +72,27 @@ def list_diff(ctx, x, y):
   xs, ys = static_value(x, "x", ctx), static_value(y, "y", ctx)
   keep = ~np.isin(xs, ys)
   return xs[keep], np.flatnonzero(keep).astype(ctx.attr("out_idx", np.int32))
+
+
+@register("NthElement")
+def nth_element(ctx, x, n):
+  """The `n`-th smallest (`reverse`: largest) value of each last-axis vector; as in TF, its gradient
+  is shared equally by the entries equal to it."""
+  n = int(static_value(n, "n", ctx))
+  size = np.shape(x)[-1] if np.ndim(x) else 0
+  if not 0 <= n < size:
+    raise InvalidNodeError(f"NthElement node {ctx.name!r}: n must be in [0, {size}) (the last dimension), got {n}")
+  return _nth(x, n, bool(ctx.attr("reverse", False)))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
+def _nth(x, n: int, reverse: bool):
+  return jnp.sort(x, axis=-1)[..., -1 - n if reverse else n]
+
+
+@_nth.defjvp
+def _nth_jvp(n, reverse, primals, tangents):
+  (x,), (dx,) = primals, tangents
+  out = _nth(x, n, reverse)
+  ties = (x == out[..., None]).astype(dx.dtype)
+  return out, jnp.sum(ties * dx, axis=-1) / jnp.sum(ties, axis=-1)
