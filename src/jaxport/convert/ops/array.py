@@ -33,7 +33,7 @@ from jaxport.convert.ops import softmax_product
 from jaxport.convert.ops._util import (cast, has_symbolic, is_concrete, is_symbolic, known_value, shape_value,
                                        static_ints, static_value, xp)
 from jaxport.convert.registry import register
-from jaxport.errors import DynamicShapeError, InvalidNodeError
+from jaxport.errors import DynamicShapeError, InvalidNodeError, UnsupportedValueError
 
 
 def _static(ctx, x, operand: str) -> list[int]:
@@ -43,13 +43,13 @@ def _static(ctx, x, operand: str) -> list[int]:
 def _static_int(ctx, x, operand: str) -> int:
   values = _static(ctx, x, operand)
   if len(values) != 1:
-    raise ValueError(f"{ctx.op} operand {operand!r} (node {ctx.name!r}) must be a scalar, got {values}")
+    raise InvalidNodeError(f"{ctx.op} operand {operand!r} (node {ctx.name!r}) must be a scalar, got {values}")
   return values[0]
 
 
 def _axis(ctx, axis: int, ndim: int) -> int:
   if not -ndim <= axis < max(ndim, 1):
-    raise ValueError(f"{ctx.op} node {ctx.name!r}: axis {axis} is out of range for rank {ndim}")
+    raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: axis {axis} is out of range for rank {ndim}")
   return axis % ndim if ndim else 0
 
 
@@ -208,11 +208,11 @@ def split_v(ctx, x, size_splits, axis):
   axis = _axis(ctx, _static_int(ctx, axis, "split_dim"), np.ndim(x))
   sizes = _static(ctx, size_splits, "size_splits")
   if sizes.count(-1) > 1:
-    raise ValueError(f"SplitV node {ctx.name!r}: at most one size_splits entry may be -1, got {sizes}")
+    raise InvalidNodeError(f"SplitV node {ctx.name!r}: at most one size_splits entry may be -1, got {sizes}")
   if -1 in sizes:
     sizes[sizes.index(-1)] = np.shape(x)[axis] - (sum(sizes) + 1)
   if sum(sizes) != np.shape(x)[axis] or min(sizes, default=0) < 0:
-    raise ValueError(f"SplitV node {ctx.name!r}: size_splits {sizes} do not add up to dimension "
+    raise InvalidNodeError(f"SplitV node {ctx.name!r}: size_splits {sizes} do not add up to dimension "
                      f"{np.shape(x)[axis]}")
   return list(xp(x).split(x, np.cumsum(sizes)[:-1].tolist(), axis=axis))
 
@@ -221,7 +221,7 @@ def split_v(ctx, x, size_splits, axis):
 def tile(ctx, x, multiples):
   reps = _static(ctx, multiples, "multiples")
   if len(reps) != np.ndim(x):
-    raise ValueError(f"Tile node {ctx.name!r}: multiples {reps} must have one entry per dimension of "
+    raise InvalidNodeError(f"Tile node {ctx.name!r}: multiples {reps} must have one entry per dimension of "
                      f"the input of shape {np.shape(x)}")
   return xp(x).tile(x, reps)
 
@@ -247,13 +247,13 @@ def slice_(ctx, x, begin, size_):
   dims = np.shape(x)
   if known_value(begin) is None:
     if -1 in sizes:
-      raise ValueError(f"Slice node {ctx.name!r}: with a begin that depends on the inputs, every size must "
+      raise UnsupportedValueError(f"Slice node {ctx.name!r}: with a begin that depends on the inputs, every size must "
                        f"be known (got {sizes}); the slice size of `x[i:]` is not static")
     return lax.dynamic_slice(x, [begin[i] for i in range(len(sizes))], sizes)
   starts = _static(ctx, begin, "begin")
   ends = [d if s == -1 else b + s for b, s, d in zip(starts, sizes, dims)]
   if any(not 0 <= b <= e <= d for b, e, d in zip(starts, ends, dims)):
-    raise ValueError(f"Slice node {ctx.name!r}: begin {starts} and size {sizes} are out of bounds "
+    raise InvalidNodeError(f"Slice node {ctx.name!r}: begin {starts} and size {sizes} are out of bounds "
                      f"for shape {dims}")
   return _as_plain(x[tuple(slice(b, e) for b, e in zip(starts, ends))])
 
@@ -283,7 +283,7 @@ class _StridedIndex:
     shrink = _bits(ctx.attr("shrink_axis_mask", 0), n)
     ellipsis_mask = ctx.attr("ellipsis_mask", 0)
     if ellipsis_mask & (ellipsis_mask - 1):
-      raise ValueError(f"StridedSlice node {ctx.name!r}: multiple ellipses in the slice spec are not allowed")
+      raise InvalidNodeError(f"StridedSlice node {ctx.name!r}: multiple ellipses in the slice spec are not allowed")
     ellipsis = _bits(ellipsis_mask, n)
 
     self.static: list = []
@@ -295,7 +295,7 @@ class _StridedIndex:
         self.static.append(None)
       elif shrink[i]:
         if strides[i] <= 0:
-          raise ValueError(f"StridedSlice node {ctx.name!r}: a shrinking axis needs a positive stride")
+          raise InvalidNodeError(f"StridedSlice node {ctx.name!r}: a shrinking axis needs a positive stride")
         if begin_static:
           self.static.append(begin_v[i])
         else:
@@ -315,7 +315,7 @@ class _StridedIndex:
     """The dynamic picks as (input axis, traced index) and the static index, checked against `shape`."""
     consumed = sum(1 for s in self.static if s is not None and s is not Ellipsis)
     if consumed > len(shape):
-      raise ValueError(f"StridedSlice node {ctx.name!r}: the slice spec indexes {consumed} dimensions, "
+      raise InvalidNodeError(f"StridedSlice node {ctx.name!r}: the slice spec indexes {consumed} dimensions, "
                        f"but the input has only {len(shape)}")
     axes, axis = [], 0
     for entry in self.static:
@@ -324,7 +324,7 @@ class _StridedIndex:
     dynamic_positions = {pos for pos, _ in self.dynamic_entries}
     for pos, (entry, axis) in enumerate(zip(self.static, axes)):
       if isinstance(entry, int) and pos not in dynamic_positions and not -shape[axis] <= entry < shape[axis]:
-        raise ValueError(f"StridedSlice node {ctx.name!r}: index {entry} is out of bounds for dimension "
+        raise InvalidNodeError(f"StridedSlice node {ctx.name!r}: index {entry} is out of bounds for dimension "
                          f"{axis} of size {shape[axis]}")
     return [(axes[pos], index) for pos, index in self.dynamic_entries], tuple(self.static)
 
@@ -369,10 +369,10 @@ def strided_slice_grad(ctx, shape_, begin, end, strides, dy):
 def _paddings(ctx, paddings, x) -> list[tuple[int, int]]:
   flat = _static(ctx, paddings, "paddings")
   if len(flat) != 2 * np.ndim(x):
-    raise ValueError(f"{ctx.op} node {ctx.name!r}: paddings must have shape [{np.ndim(x)}, 2]")
+    raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: paddings must have shape [{np.ndim(x)}, 2]")
   pairs = list(zip(flat[::2], flat[1::2]))
   if any(p < 0 for pair in pairs for p in pair):
-    raise ValueError(f"{ctx.op} node {ctx.name!r}: paddings must be non-negative, got {pairs}")
+    raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: paddings must be non-negative, got {pairs}")
   return pairs
 
 
@@ -394,7 +394,7 @@ def _mirror_mode(ctx) -> str:
   mode = ctx.attr("mode")
   mode = mode.decode() if isinstance(mode, bytes) else mode
   if mode not in ("REFLECT", "SYMMETRIC"):
-    raise ValueError(f"{ctx.op} node {ctx.name!r}: unknown mode {mode!r}")
+    raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: unknown mode {mode!r}")
   return mode.lower()
 
 
@@ -405,7 +405,7 @@ def mirror_pad(ctx, x, paddings):
   limit = 0 if mode == "reflect" else 1
   for (lo, hi), d in zip(pairs, np.shape(x)):
     if max(lo, hi) > d - 1 + limit:
-      raise ValueError(f"MirrorPad node {ctx.name!r}: {mode} paddings {pairs} are too large for shape "
+      raise InvalidNodeError(f"MirrorPad node {ctx.name!r}: {mode} paddings {pairs} are too large for shape "
                        f"{np.shape(x)}")
   return xp(x).pad(x, pairs, mode=mode) if pairs else xp(x).asarray(x)
 
@@ -509,7 +509,7 @@ def roll(ctx, x, shift, axis):
   if is_concrete(shift):
     shifts = _static(ctx, shift, "shift")
     if len(shifts) != len(axes):
-      raise ValueError(f"Roll node {ctx.name!r}: shift {shifts} and axis {axes} must have the same length")
+      raise InvalidNodeError(f"Roll node {ctx.name!r}: shift {shifts} and axis {axes} must have the same length")
     return xp(x).roll(x, shifts, axis=axes)
   return jnp.roll(x, shift, axis=tuple(axes))
 
@@ -537,9 +537,9 @@ def range_(ctx, start, limit, delta):
   start, limit, delta = (np.asarray(_static_scalar(ctx, v, n), dtype=dtype)[()]
                          for v, n in ((start, "start"), (limit, "limit"), (delta, "delta")))
   if delta == 0:
-    raise ValueError(f"Range node {ctx.name!r}: delta must not be 0")
+    raise InvalidNodeError(f"Range node {ctx.name!r}: delta must not be 0")
   if (delta > 0 and start > limit) or (delta < 0 and start < limit):
-    raise ValueError(f"Range node {ctx.name!r}: start {start} cannot reach limit {limit} with delta {delta}")
+    raise InvalidNodeError(f"Range node {ctx.name!r}: start {start} cannot reach limit {limit} with delta {delta}")
   if np.issubdtype(dtype, np.integer):
     return m.arange(start, limit, delta, dtype=_dtype(m, dtype))
   n = int(np.ceil(np.abs((limit - start) / delta)))
@@ -558,7 +558,7 @@ def _symbolic_range(ctx, start, limit, delta, dtype):
     raise error
   delta = int(delta)
   if delta == 0:
-    raise ValueError(f"Range node {ctx.name!r}: delta must not be 0")
+    raise InvalidNodeError(f"Range node {ctx.name!r}: delta must not be 0")
   span = limit - start if delta > 0 else start - limit
   length = (span + abs(delta) - 1) // abs(delta)
   values = lax.iota(dtype, length)
@@ -570,9 +570,9 @@ def _range_from(ctx, start, length, delta, dtype):
   """`tf.range(start, start + length, delta)` (integers) for a traced start: its length is static."""
   length, delta = (int(np.asarray(v, dtype=dtype)) for v in (length, delta))
   if delta == 0:
-    raise ValueError(f"Range node {ctx.name!r}: delta must not be 0")
+    raise InvalidNodeError(f"Range node {ctx.name!r}: delta must not be 0")
   if length * delta < 0:
-    raise ValueError(f"Range node {ctx.name!r}: start cannot reach start + {length} with delta {delta}")
+    raise InvalidNodeError(f"Range node {ctx.name!r}: start cannot reach start + {length} with delta {delta}")
   n = -(-abs(length) // abs(delta))
   return jnp.asarray(start, dtype) + jnp.arange(n, dtype=dtype) * delta
 
@@ -582,7 +582,7 @@ def lin_space(ctx, start, stop, num):
   """`start + i * step`, the last value exactly `stop`, as TF's kernel computes it."""
   num = _static_int(ctx, num, "num")
   if num <= 0:
-    raise ValueError(f"LinSpace node {ctx.name!r}: num must be positive, got {num}")
+    raise InvalidNodeError(f"LinSpace node {ctx.name!r}: num must be positive, got {num}")
   m = xp(start, stop)
   dtype = _dtype(m, ctx.attr("T"))
   if num == 1:
@@ -608,7 +608,7 @@ def matrix_band_part(ctx, x, num_lower, num_upper):
 def _diag_range(ctx, k) -> tuple[int, int]:
   ks = _static(ctx, k, "k")
   if not 1 <= len(ks) <= 2 or ks[0] > ks[-1]:
-    raise ValueError(f"{ctx.op} node {ctx.name!r}: k must be a scalar or a pair lo <= hi, got {ks}")
+    raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: k must be a scalar or a pair lo <= hi, got {ks}")
   return ks[0], ks[-1]
 
 
@@ -706,7 +706,7 @@ def space_to_batch_nd(ctx, x, block_shape, paddings):
   x = module.pad(x, [(0, 0)] + pads + [(0, 0)] * (len(shape) - 1 - m))
   padded = np.shape(x)
   if any(padded[1 + i] % b for i, b in enumerate(block)):
-    raise ValueError(f"SpaceToBatchND node {ctx.name!r}: padded spatial shape {padded[1:1 + m]} is not "
+    raise InvalidNodeError(f"SpaceToBatchND node {ctx.name!r}: padded spatial shape {padded[1:1 + m]} is not "
                      f"divisible by block_shape {block}")
   split = [padded[0]] + [d for i, b in enumerate(block) for d in (padded[1 + i] // b, b)] + list(padded[1 + m:])
   x = x.reshape(split)

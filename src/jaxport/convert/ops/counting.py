@@ -12,12 +12,13 @@ import numpy as np
 
 from jaxport.convert.ops._util import static_value, xp
 from jaxport.convert.registry import register
+from jaxport.errors import InvalidNodeError
 
 
 def _size(ctx, size) -> int:
   n = int(static_value(size, "size", ctx).reshape(-1)[0])
   if n < 0:
-    raise ValueError(f"{ctx.op} node {ctx.name!r}: size must be non-negative, got {n}")
+    raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: size must be non-negative, got {n}")
   return n
 
 
@@ -56,6 +57,6 @@ def bincount(ctx, arr, size, weights):
 def dense_bincount(ctx, x, size, weights):
   """Counts per value of a 1-D input, or per row of a 2-D one; `binary_output` marks presence."""
   if np.ndim(x) not in (1, 2):
-    raise ValueError(f"DenseBincount node {ctx.name!r}: input must be 1-D or 2-D, got rank {np.ndim(x)}")
+    raise InvalidNodeError(f"DenseBincount node {ctx.name!r}: input must be 1-D or 2-D, got rank {np.ndim(x)}")
   return _count(x, _weights(weights), _size(ctx, size), np.dtype(ctx.attr("T")),
                 bool(ctx.attr("binary_output", False)), np.ndim(x) == 2)

@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxport.convert.ops._util import known_value, static_value
 from jaxport.convert.registry import register
+from jaxport.errors import InvalidNodeError
 
 
 # log(0) in the recursion: finite, so the gradient of a logsumexp over impossible paths is 0, not NaN
@@ -91,7 +92,7 @@ def ctc_loss(ctx, inputs, labels_indices, labels_values, sequence_length):
   known = known_value(labels_indices)
   if known is not None and batch and np.any(np.bincount(known[:, 0].astype(np.int64), minlength=batch) == 0):
     empty = int(np.flatnonzero(np.bincount(known[:, 0].astype(np.int64), minlength=batch) == 0)[0])
-    raise ValueError(f"CTCLoss node {ctx.name!r}: labels length is zero in batch {empty} (TF refuses it)")
+    raise InvalidNodeError(f"CTCLoss node {ctx.name!r}: labels length is zero in batch {empty} (TF refuses it)")
   table, lengths = _label_table(labels_indices, labels_values, batch)
   if ctx.attr("preprocess_collapse_repeated", False):
     table, lengths = _collapse_repeats(table, lengths)

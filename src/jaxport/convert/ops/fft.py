@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxport.convert.ops._util import static_ints
 from jaxport.convert.registry import register
+from jaxport.errors import InvalidNodeError
 
 
 def _axes(rank: int) -> tuple[int, ...]:
@@ -32,7 +33,7 @@ def _as(x, dtype):
 def _fft_lengths(ctx, fft_length, rank: int) -> list[int]:
   lengths = static_ints(fft_length, f"{ctx.op} node {ctx.name!r}: fft_length")
   if len(lengths) != rank:
-    raise ValueError(f"{ctx.op} node {ctx.name!r}: fft_length has {len(lengths)} entries, expected {rank}")
+    raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: fft_length has {len(lengths)} entries, expected {rank}")
   return lengths
 
 

@@ -21,6 +21,7 @@ from jaxport.convert.ops._util import is_concrete, xp
 from jaxport.convert.ops.array import _axis, _dtype, _static, _static_int
 from jaxport.convert.ops.core import runtime_check
 from jaxport.convert.registry import register
+from jaxport.errors import InvalidNodeError
 
 
 def _bad_indices_ignored(ctx) -> bool:
@@ -87,7 +88,7 @@ def gather_v2(ctx, params, indices, axis):
     batch_dims += np.ndim(indices)
   axis = _axis(ctx, _static_int(ctx, axis, "axis"), np.ndim(params))
   if not 0 <= batch_dims <= min(axis, np.ndim(indices)):
-    raise ValueError(f"GatherV2 node {ctx.name!r}: batch_dims {batch_dims} must be in [0, min(axis, "
+    raise InvalidNodeError(f"GatherV2 node {ctx.name!r}: batch_dims {batch_dims} must be in [0, min(axis, "
                      f"rank(indices))] = [0, {min(axis, np.ndim(indices))}]")
   return _gather_axis(ctx, params, indices, axis, batch_dims)
 

@@ -287,7 +287,7 @@ def _scale_translate_weights(in_size, out_size, scale, translation, kernel_type,
 def _scale_translate_matrices(ctx, in_shape, out_sizes, scale, translation):
   kernel_type = ctx.attr("kernel_type", "lanczos3")
   if kernel_type not in _SAMPLING_KERNELS:
-    raise ValueError(f"{ctx.op}: unknown kernel_type {kernel_type!r}")
+    raise InvalidNodeError(f"{ctx.op}: unknown kernel_type {kernel_type!r}")
   antialias = ctx.attr("antialias", True)
   return [_scale_translate_weights(in_shape[a], n, scale[i], translation[i], kernel_type, antialias)
           for i, (a, n) in enumerate(zip(_SPATIAL_AXES, out_sizes))]

@@ -13,6 +13,7 @@ import numpy as np
 
 from jaxport.convert.ops._util import text, xp
 from jaxport.convert.registry import register
+from jaxport.errors import InvalidNodeError
 
 
 def _to_nhwc(ctx, x):
@@ -34,7 +35,7 @@ def depth_to_space(ctx, x):
   x, back = _to_nhwc(ctx, x)
   n, h, w, depth = np.shape(x)
   if depth % (b * b):
-    raise ValueError(f"DepthToSpace node {ctx.name!r}: depth {depth} is not divisible by block_size^2 = {b * b}")
+    raise InvalidNodeError(f"DepthToSpace node {ctx.name!r}: depth {depth} is not divisible by block_size^2 = {b * b}")
   m, c = xp(x), depth // (b * b)
   y = m.reshape(x, (n, h, w, b, b, c)).transpose(0, 1, 3, 2, 4, 5)
   return back(m.reshape(y, (n, h * b, w * b, c)))
@@ -47,7 +48,7 @@ def space_to_depth(ctx, x):
   x, back = _to_nhwc(ctx, x)
   n, h, w, c = np.shape(x)
   if h % b or w % b:
-    raise ValueError(f"SpaceToDepth node {ctx.name!r}: height {h} and width {w} must be divisible by "
+    raise InvalidNodeError(f"SpaceToDepth node {ctx.name!r}: height {h} and width {w} must be divisible by "
                      f"block_size {b}")
   m = xp(x)
   y = m.reshape(x, (n, h // b, b, w // b, b, c)).transpose(0, 1, 3, 2, 4, 5)
@@ -60,7 +61,7 @@ def _window_geometry(size: int, k: int, stride: int, rate: int, padding: str) ->
   if padding == "VALID":
     out = int((size - span + stride) / stride)   # C++ division, as TF's GetWindowedOutputSize
     if out < 0:
-      raise ValueError(f"the window spans {span} > input size {size} with VALID padding: the output "
+      raise InvalidNodeError(f"the window spans {span} > input size {size} with VALID padding: the output "
                        "size would be negative (TF raises too)")
     return out, 0, 0
   out = math.ceil(size / stride)

@@ -29,6 +29,7 @@ from jaxport.convert import export_marks
 from jaxport.convert.ops._util import has_symbolic, is_concrete, jax_dtype, stage_dims, xp
 from jaxport.convert.ops.core import runtime_check
 from jaxport.convert.registry import register
+from jaxport.errors import InvalidNodeError
 
 # --------------------------------------------------------------------------- helpers
 
@@ -761,7 +762,7 @@ def _bitcast(ctx, x):
     return x.reshape(x.shape + (1,)).view(dst)
   if ratio < 1:   # the trailing dimension is merged into one element
     if not x.shape or x.shape[-1] * x.dtype.itemsize != dst.itemsize:
-      raise ValueError(f"Bitcast of shape {x.shape} {x.dtype} to {dst} needs a last dimension of "
+      raise InvalidNodeError(f"Bitcast of shape {x.shape} {x.dtype} to {dst} needs a last dimension of "
                        f"{dst.itemsize // x.dtype.itemsize}")
     return x.view(dst).reshape(x.shape[:-1])
   return x.view(dst)

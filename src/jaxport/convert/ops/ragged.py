@@ -14,6 +14,7 @@ import numpy as np
 
 from jaxport.convert.ops._util import jax_dtype, static_value, text, xp
 from jaxport.convert.registry import register
+from jaxport.errors import InvalidNodeError
 
 
 def _splits_of(ctx, kind: str, partition, nrows: int):
@@ -89,7 +90,7 @@ def ragged_to_tensor(ctx, shape, values, default_value, *partitions):
   inner = list(np.shape(values)[1:])
   for k, d in enumerate(inner):
     if wanted[ragged + 1 + k] not in (-1, d):
-      raise ValueError(f"RaggedTensorToTensor node {ctx.name!r}: shape {wanted} does not match the values' "
+      raise InvalidNodeError(f"RaggedTensorToTensor node {ctx.name!r}: shape {wanted} does not match the values' "
                        f"inner shape {inner}")
   coordinates = _coordinates(splits, np.shape(values)[0])
   m = xp(values, default_value, *splits)
@@ -116,7 +117,7 @@ def ragged_gather(ctx, *inputs):
   rows = len(splits[0]) - 1
   if picked.size and (picked.min() < 0 or picked.max() >= rows):
     bad = picked[(picked < 0) | (picked >= rows)][0]
-    raise ValueError(f"RaggedGather node {ctx.name!r}: index {bad} is not in [0, {rows})")
+    raise InvalidNodeError(f"RaggedGather node {ctx.name!r}: index {bad} is not in [0, {rows})")
   split_dtype = np.dtype(nested[0].dtype)
   out = []   # the outer axes of `indices`: uniform rows of shape[k + 1] items each
   for k in range(picked.ndim - 1):
@@ -136,7 +137,7 @@ def ragged_range(ctx, starts, limits, deltas):
   start, limit, delta = np.broadcast_arrays(*(static_value(x, name, ctx) for x, name in
                                               ((starts, "starts"), (limits, "limits"), (deltas, "deltas"))))
   if np.any(delta == 0):
-    raise ValueError(f"RaggedRange node {ctx.name!r}: a delta is 0")
+    raise InvalidNodeError(f"RaggedRange node {ctx.name!r}: a delta is 0")
   if np.issubdtype(start.dtype, np.integer):   # C++: ceil of an exact quotient, never negative
     span = np.abs(limit.astype(np.int64) - start)
     sizes = np.where((limit > start) == (delta > 0), (span + np.abs(delta) - 1) // np.abs(delta), 0)

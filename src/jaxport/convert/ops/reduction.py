@@ -15,13 +15,14 @@ from jax import lax
 from jaxport.convert.ops._util import static_ints
 from jaxport.convert.ops.math import apply, truncate_div
 from jaxport.convert.registry import register
+from jaxport.errors import InvalidNodeError
 
 
 def _axes(ctx, x, axis) -> tuple[int, ...]:
   rank = np.ndim(x)
   axes = static_ints(axis, "axis", ctx)
   if any(not -rank <= a < rank for a in axes) or len({a % rank for a in axes}) != len(axes):
-    raise ValueError(f"{ctx.op} node {ctx.name!r}: invalid axes {axes} for an input of rank {rank}")
+    raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: invalid axes {axes} for an input of rank {rank}")
   return tuple(sorted(a % rank for a in axes))
 
 
@@ -139,7 +140,7 @@ def _arg_reduction(op_type, largest: bool):
   def rule(ctx, x, dimension):
     axis, = _axes(ctx, x, dimension)
     if np.shape(x)[axis] == 0:
-      raise ValueError(f"{op_type} node {ctx.name!r}: reduction axis {axis} is empty in shape {np.shape(x)}")
+      raise InvalidNodeError(f"{op_type} node {ctx.name!r}: reduction axis {axis} is empty in shape {np.shape(x)}")
     out_type = np.dtype(ctx.attr("output_type", np.dtype(np.int64)))
     def fn(xp, x):
       index = _first_extreme(xp, x, axis, largest)

@@ -15,6 +15,7 @@ import numpy as np
 from jaxport.convert.ops._util import known_value, static_ints, static_value, xp
 from jaxport.convert.ops.gather_scatter import _scatter, _segment_reduce, segment_prod
 from jaxport.convert.registry import register
+from jaxport.errors import InvalidNodeError
 
 _SORTED_SEGMENT = {"SegmentSum": "add", "SegmentProd": "mul", "SegmentMax": "max", "SegmentMin": "min",
                    "SegmentMean": "mean"}
@@ -23,9 +24,9 @@ _SORTED_SEGMENT = {"SegmentSum": "add", "SegmentProd": "mul", "SegmentMax": "max
 def _sorted_ids(ctx, segment_ids) -> np.ndarray:
   ids = static_value(segment_ids, "segment_ids", ctx).astype(np.int64)
   if ids.ndim != 1:
-    raise ValueError(f"{ctx.op} node {ctx.name!r}: segment_ids must be a vector, got shape {ids.shape}")
+    raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: segment_ids must be a vector, got shape {ids.shape}")
   if ids.size and (ids[0] < 0 or np.any(np.diff(ids) < 0)):
-    raise ValueError(f"{ctx.op} node {ctx.name!r}: segment_ids must be sorted and non-negative, got {ids}")
+    raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: segment_ids must be sorted and non-negative, got {ids}")
   return ids
 
 
@@ -64,7 +65,7 @@ def dynamic_stitch(ctx, *inputs):
   trailing = np.shape(data[0])[np.ndim(indices[0]):]
   flat_indices = np.concatenate([i.reshape(-1) for i in indices])
   if flat_indices.size and flat_indices.min() < 0:
-    raise ValueError(f"{ctx.op} node {ctx.name!r}: indices must be non-negative, got {flat_indices.min()}")
+    raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: indices must be non-negative, got {flat_indices.min()}")
   size = int(flat_indices.max()) + 1 if flat_indices.size else 0
   m = xp(*data)
   rows = [m.reshape(d, (-1,) + trailing) for d in data] + [m.zeros((1,) + trailing, data[0].dtype)]
@@ -80,7 +81,7 @@ def dynamic_partition(ctx, data, partitions):
   k = ctx.attr("num_partitions")
   parts = static_value(partitions, "partitions", ctx).astype(np.int64)
   if parts.size and (parts.min() < 0 or parts.max() >= k):
-    raise ValueError(f"DynamicPartition node {ctx.name!r}: partitions must be in [0, {k}), got "
+    raise InvalidNodeError(f"DynamicPartition node {ctx.name!r}: partitions must be in [0, {k}), got "
                      f"values in [{parts.min()}, {parts.max()}]")
   m = xp(data)
   rows = m.reshape(data, (-1,) + np.shape(data)[parts.ndim:])
@@ -92,12 +93,12 @@ def _check_sparse_indices(ctx, indices: np.ndarray, shape: list[int]) -> None:
   """TF's validate_indices: in range, and in strictly increasing row-major order."""
   bad = np.any((indices < 0) | (indices >= np.asarray(shape)), axis=1)
   if bad.any():
-    raise ValueError(f"SparseToDense node {ctx.name!r}: index {indices[bad][0].tolist()} is out of "
+    raise InvalidNodeError(f"SparseToDense node {ctx.name!r}: index {indices[bad][0].tolist()} is out of "
                      f"bounds for output_shape {shape}")
   if len(indices) > 1:
     flat = np.ravel_multi_index(tuple(indices.T), shape) if shape else np.zeros(len(indices))
     if np.any(np.diff(flat) <= 0):
-      raise ValueError(f"SparseToDense node {ctx.name!r}: indices are repeated or out of order; sort "
+      raise InvalidNodeError(f"SparseToDense node {ctx.name!r}: indices are repeated or out of order; sort "
                        "them (tf.sparse.reorder) or pass validate_indices=False")
 
 

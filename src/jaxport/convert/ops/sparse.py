@@ -19,7 +19,7 @@ from jaxport.convert.ops._util import is_concrete, known_value, static_value, xp
 from jaxport.convert.ops.array import _static, _static_int
 from jaxport.convert.ops.gather_scatter import _get, _scatter, _segment_initial, _segment_reduce
 from jaxport.convert.registry import register
-from jaxport.errors import DynamicShapeError
+from jaxport.errors import DynamicShapeError, InvalidNodeError
 
 
 def _columns(indices) -> tuple:
@@ -33,7 +33,7 @@ def _check_in_shape(ctx, indices, shape) -> None:
     return
   bad = np.any((known < 0) | (known >= np.asarray(shape, np.int64)), axis=1)
   if bad.any():
-    raise ValueError(f"{ctx.op} node {ctx.name!r}: index {known[bad][0].tolist()} is out of bounds for "
+    raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: index {known[bad][0].tolist()} is out of bounds for "
                      f"dense shape {list(shape)}")
 
 
@@ -81,7 +81,7 @@ def sparse_dense_matmul(ctx, a_indices, a_values, a_shape, b):
   if ctx.attr("adjoint_b", False):
     b = m.conj(m.swapaxes(b, 0, 1))
   if shape[1] != np.shape(b)[0]:
-    raise ValueError(f"SparseTensorDenseMatMul node {ctx.name!r}: inner dimensions differ: A is {shape} "
+    raise InvalidNodeError(f"SparseTensorDenseMatMul node {ctx.name!r}: inner dimensions differ: A is {shape} "
                      f"(after its adjoint), B has {np.shape(b)[0]} rows")
   _check_in_shape(ctx, m.stack([rows, cols], axis=1), shape)
   if not is_concrete(rows):   # traced rows out of range: dropped by the scatter
@@ -156,12 +156,12 @@ def sparse_reshape(ctx, indices, shape, new_shape):
     size, target = int(np.prod(known_shape)), known_new.astype(np.int64)
     rest = int(np.prod(target[target != -1]))
     if (target == -1).sum() > 1 or (rest and size % rest) or (not rest and size and (target == -1).any()):
-      raise ValueError(f"SparseReshape node {ctx.name!r}: cannot reshape a SparseTensor of shape "
+      raise InvalidNodeError(f"SparseReshape node {ctx.name!r}: cannot reshape a SparseTensor of shape "
                        f"{known_shape.tolist()} into {known_new.tolist()}")
     if -1 in target:
       target[target == -1] = size // rest if rest else 0
     elif int(np.prod(target)) != size:
-      raise ValueError(f"SparseReshape node {ctx.name!r}: shape {known_shape.tolist()} has {size} values, "
+      raise InvalidNodeError(f"SparseReshape node {ctx.name!r}: shape {known_shape.tolist()} has {size} values, "
                        f"{known_new.tolist()} has {int(np.prod(target))}")
     new_shape = target
   else:   # traced shapes: infer the -1 arithmetically
@@ -181,7 +181,7 @@ def sparse_fill_empty_rows(ctx, indices, values, dense_shape, default_value):
   rows = _static(ctx, dense_shape, "dense_shape")[0] if np.size(dense_shape) else 0
   if known.size and (known[:, 0].min() < 0 or known[:, 0].max() >= rows):
     bad = known[(known[:, 0] < 0) | (known[:, 0] >= rows)][0]
-    raise ValueError(f"SparseFillEmptyRows node {ctx.name!r}: index {bad.tolist()} is outside the "
+    raise InvalidNodeError(f"SparseFillEmptyRows node {ctx.name!r}: index {bad.tolist()} is outside the "
                      f"{rows} rows of dense_shape")
   n, rank = known.shape
   empty = np.ones(rows, bool)
@@ -217,7 +217,7 @@ def sparse_dense_cwise(ctx, sp_indices, sp_values, sp_shape, dense):
   known_shape = known_value(sp_shape)
   if len(dense_shape) > rank or (known_shape is not None and any(
       d not in (1, s) for d, s in zip(dense_shape[::-1], known_shape[::-1].tolist()))):
-    raise ValueError(f"{ctx.op} node {ctx.name!r}: a dense operand of shape {list(dense_shape)} does not "
+    raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: a dense operand of shape {list(dense_shape)} does not "
                      f"broadcast to the sparse shape {None if known_shape is None else known_shape.tolist()}")
   m = xp(sp_indices, sp_values, dense)
   lead = rank - len(dense_shape)
@@ -230,7 +230,7 @@ def sparse_dense_cwise(ctx, sp_indices, sp_values, sp_shape, dense):
   if how == "mul":
     return sp_values * picked
   if is_concrete(dense) and np.any(np.asarray(dense) == 0):
-    raise ValueError(f"SparseDenseCwiseDiv node {ctx.name!r}: the dense tensor contains a zero (TF refuses "
+    raise InvalidNodeError(f"SparseDenseCwiseDiv node {ctx.name!r}: the dense tensor contains a zero (TF refuses "
                      "to divide by it)")
   if np.issubdtype(np.dtype(sp_values.dtype), np.integer):   # C++ division: truncated toward zero
     return (m.sign(sp_values) * m.sign(picked) * (m.abs(sp_values) // m.abs(picked))).astype(sp_values.dtype)
@@ -289,7 +289,7 @@ def sparse_add(ctx, a_indices, a_values, a_shape, b_indices, b_values, b_shape, 
   b = static_value(b_indices, "b_indices", ctx).astype(np.int64)
   shape_a, shape_b = _static(ctx, a_shape, "a_shape"), _static(ctx, b_shape, "b_shape")
   if shape_a != shape_b:
-    raise ValueError(f"SparseAdd node {ctx.name!r}: the operands' shapes differ: {shape_a} vs {shape_b}")
+    raise InvalidNodeError(f"SparseAdd node {ctx.name!r}: the operands' shapes differ: {shape_a} vs {shape_b}")
   out, from_a, from_b = _merged(a, b)
   sums = _picked_or_zero(a_values, from_a) + _picked_or_zero(b_values, from_b)
   limit, known_sums = known_value(thresh), known_value(sums)

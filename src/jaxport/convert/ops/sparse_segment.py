@@ -21,6 +21,7 @@ from jaxport.convert.ops._util import known_value, static_value, xp
 from jaxport.convert.ops.array import _static_int
 from jaxport.convert.ops.gather_scatter import _check_bounds, _get, _segment_reduce
 from jaxport.convert.registry import register
+from jaxport.errors import InvalidNodeError
 
 _REDUCTIONS = {"SparseSegmentSum": "sum", "SparseSegmentMean": "mean", "SparseSegmentSqrtN": "sqrtn"}
 _WITH_NUM_SEGMENTS = {"SparseSegmentSumWithNumSegments": "sum", "SparseSegmentMeanWithNumSegments": "mean",
@@ -33,7 +34,7 @@ FORWARD = frozenset(_REDUCTIONS) | frozenset(_WITH_NUM_SEGMENTS)
 
 def _vectors(ctx, indices, segment_ids) -> None:
   if np.ndim(indices) != 1 or np.shape(indices) != np.shape(segment_ids):
-    raise ValueError(f"{ctx.op} node {ctx.name!r}: indices and segment_ids must be vectors of one length, "
+    raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: indices and segment_ids must be vectors of one length, "
                      f"got shapes {np.shape(indices)} and {np.shape(segment_ids)}")
 
 
@@ -45,11 +46,11 @@ def _known_sorted_ids(ctx, segment_ids, bound: int | None):
     return jnp.where(segment_ids < 0, bound, segment_ids)
   ids = ids.astype(np.int64)
   if ids.size and ids[0] < 0:
-    raise ValueError(f"{ctx.op} node {ctx.name!r}: segment id {ids[0]} is negative")
+    raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: segment id {ids[0]} is negative")
   if np.any(np.diff(ids) < 0):
-    raise ValueError(f"{ctx.op} node {ctx.name!r}: segment ids are not increasing: {ids}")
+    raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: segment ids are not increasing: {ids}")
   if bound is not None and ids.size and ids[-1] >= bound:
-    raise ValueError(f"{ctx.op} node {ctx.name!r}: segment id {ids[-1]} is not below num_segments={bound}")
+    raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: segment id {ids[-1]} is not below num_segments={bound}")
   return ids
 
 
@@ -93,7 +94,7 @@ def _scaled_rows_per_entry(ctx, how: str, grad, segment_ids):
   segments = np.shape(grad)[0]
   ids = known_value(segment_ids)
   if ids is not None and ids.size and (ids.min() < 0 or ids.max() >= segments):
-    raise ValueError(f"{ctx.op} node {ctx.name!r}: segment ids must be in [0, {segments}) (the gradient's "
+    raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: segment ids must be in [0, {segments}) (the gradient's "
                      f"rows), got values in [{ids.min()}, {ids.max()}]")
   if ids is None:   # traced negative ids: past the last segment, so they count nowhere and read zeros
     segment_ids = jnp.where(segment_ids < 0, segments, segment_ids)

@@ -45,7 +45,7 @@ import numpy as np
 from jaxport.convert.ops import philox as ph
 from jaxport.convert.ops._util import is_concrete, static_ints
 from jaxport.convert.registry import register
-from jaxport.errors import UnsupportedValueError
+from jaxport.errors import InvalidNodeError, UnsupportedValueError
 
 ALG_PHILOX, ALG_THREEFRY, ALG_AUTO = 1, 2, 3
 _TRUNCATE = 2.0            # TF truncates normals to (-2, 2)
@@ -212,7 +212,7 @@ def _uniform_int(key, counter, n, dtype, minval, maxval):
 
 def _check_range(minval, maxval) -> None:
   if is_concrete(minval) and is_concrete(maxval) and not np.all(np.asarray(minval) < np.asarray(maxval)):
-    raise ValueError(f"uniform int needs minval < maxval, got {np.asarray(minval)} and {np.asarray(maxval)}")
+    raise InvalidNodeError(f"uniform int needs minval < maxval, got {np.asarray(minval)} and {np.asarray(maxval)}")
 
 
 def _sample(sampler, words, shape, dtype, *args):

@@ -14,6 +14,7 @@ from jax import lax
 
 from jaxport.convert.ops._util import is_concrete, known_value, static_ints, static_value
 from jaxport.convert.registry import register
+from jaxport.errors import InvalidNodeError, UnsupportedValueError
 
 
 @jax.tree_util.register_pytree_node_class
@@ -51,7 +52,7 @@ class TensorList:
       return self.items
     shape = self.known_element_shape()
     if shape is None:
-      raise ValueError("reading a TensorList whose element shape is unknown and that was never written; "
+      raise UnsupportedValueError("reading a TensorList whose element shape is unknown and that was never written; "
                        "give the TensorArray an element_shape")
     return jnp.zeros((self.size, *shape), self.dtype)
 
@@ -189,7 +190,7 @@ def tensor_list_push_back(ctx, lst, item):
 def tensor_list_pop_back(ctx, lst, element_shape):
   items = lst.dense()
   if items.shape[0] == 0:
-    raise ValueError("TensorListPopBack on an empty list")
+    raise InvalidNodeError("TensorListPopBack on an empty list")
   return lst.with_items(items[:-1]), items[-1]
 
 
@@ -237,7 +238,7 @@ def tensor_list_concat(ctx, lst, *_):
 def tensor_list_split(ctx, tensor, element_shape, lengths):
   lens = static_ints(lengths, "lengths", ctx)
   if len(set(lens)) > 1:
-    raise ValueError("TensorListSplit with unequal lengths makes a ragged list, which jaxport does not support")
+    raise UnsupportedValueError("TensorListSplit with unequal lengths makes a ragged list, which jaxport does not support")
   n = len(lens)
   return TensorList(None, tensor.dtype, None).with_items(tensor.reshape((n, lens[0] if n else 0, *tensor.shape[1:])))
 

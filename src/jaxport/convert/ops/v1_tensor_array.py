@@ -16,6 +16,7 @@ import numpy as np
 from jaxport.convert.ops._util import is_concrete, static_ints
 from jaxport.convert.ops.tensor_list import TensorList, _merge_shape, _resized, read_item, write_item
 from jaxport.convert.registry import register
+from jaxport.errors import UnsupportedValueError
 
 _GRAD = ":grad"   # suffix of a gradient array's handle: its writes accumulate, as in TF
 
@@ -110,7 +111,7 @@ def tensor_array_split(ctx, handle, value, lengths, flow):
   flow = _flow(ctx, flow)
   lens = static_ints(lengths, "TensorArraySplitV3 lengths")
   if len(set(lens)) > 1:
-    raise ValueError("TensorArraySplitV3 with unequal lengths makes a ragged array, which jaxport does not "
+    raise UnsupportedValueError("TensorArraySplitV3 with unequal lengths makes a ragged array, which jaxport does not "
                      "support; split into equal lengths")
   n = len(lens)
   value = jnp.asarray(value, flow.dtype)

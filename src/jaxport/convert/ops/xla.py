@@ -33,6 +33,7 @@ from jax import lax
 from jaxport.convert import _tf_compat
 from jaxport.convert.ops._util import is_concrete, static_ints, static_value
 from jaxport.convert.registry import register
+from jaxport.errors import InvalidNodeError
 
 # --------------------------------------------------------------------------- protos
 
@@ -52,7 +53,7 @@ def _proto(ctx, key: str, message: str):
   try:
     return _parse(message, raw)
   except Exception as e:
-    raise ValueError(f"{ctx.op} node {ctx.name!r}: attribute {key!r} is not a serialized "
+    raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: attribute {key!r} is not a serialized "
                      f"xla.{message} ({e}); re-export the graph with a matching TF version") from None
 
 
@@ -614,7 +615,7 @@ def xla_rng_bit_generator(ctx, algorithm, state, shape):
                     "turn on 64-bit mode with jax.config.update('jax_enable_x64', True).")
   alg = int(static_value(algorithm, "algorithm", ctx))
   if alg not in _RNG_ALGORITHMS:
-    raise ValueError(f"XlaRngBitGenerator node {ctx.name!r}: unknown algorithm {alg}; "
+    raise InvalidNodeError(f"XlaRngBitGenerator node {ctx.name!r}: unknown algorithm {alg}; "
                      "expected tf.random.Algorithm PHILOX (1), THREEFRY (2) or AUTO_SELECT (3).")
   key, bits = lax.rng_bit_generator(_state_words(ctx, state), tuple(static_ints(shape, "shape", ctx)),
                                     dtype=dtype, algorithm=_RNG_ALGORITHMS[alg])

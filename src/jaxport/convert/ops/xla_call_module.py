@@ -47,7 +47,7 @@ from jax import lax
 from jaxport import config as _config
 from jaxport.convert import custom_gradient
 from jaxport.convert.registry import Tier, register
-from jaxport.errors import StableHLOError
+from jaxport.errors import InvalidNodeError, StableHLOError
 
 MIN_VERSION = 4   # StableHLO with compatibility guarantees (03/2023)
 _PLATFORM_CHECK = "platform"   # the `disabled_checks` entry that lets any platform run
@@ -136,7 +136,7 @@ def _platform_index(ctx, loaded: LoadedModule) -> int:
   if here in loaded.platforms:
     return loaded.platforms.index(here)
   if loaded.platform_check and ctx.config.get(_STRICT_KEY, True) and _config.get_config(_STRICT_KEY):
-    raise ValueError(f"Unsupported backend: `{here.lower()}` not in `{tuple(p.lower() for p in loaded.platforms)}`: "
+    raise InvalidNodeError(f"Unsupported backend: `{here.lower()}` not in `{tuple(p.lower() for p in loaded.platforms)}`: "
                      f"XlaCallModule node {ctx.name!r} was lowered for {', '.join(loaded.platforms)} only and "
                      f"this is {here}. To run it through the interpreter anyway, set the config "
                      f"{_STRICT_KEY!r} to False (jaxport.override_config({_STRICT_KEY!r}, False)).")
