@@ -431,17 +431,25 @@ def where(ctx, condition):
 
 @register("UnravelIndex", size_bounded=True)
 def unravel_index(ctx, indices, dims):
-  """The coordinates in an array of shape `dims` of flat `indices` (0-D or 1-D): [len(dims), ...]."""
+  """The coordinates in an array of shape `dims` of flat `indices` (0-D or 1-D): [len(dims), ...].
+  As TF's kernel: C++ (truncating) division and remainder, and only indices >= the size refused."""
   known_indices, known_dims = known_value(indices), known_value(dims)
   if known_indices is not None and known_dims is not None:
     size = int(np.prod(known_dims))
-    if np.any((known_indices < 0) | (known_indices >= size)):
-      raise InvalidNodeError(f"UnravelIndex node {ctx.name!r}: indices must be in [0, {size}) for dims "
-                             f"{known_dims.tolist()}, got {known_indices.tolist()}")
+    if np.any(known_indices >= size):
+      raise InvalidNodeError(f"UnravelIndex node {ctx.name!r}: index is out of bound as with dims: indices "
+                             f"{known_indices.tolist()} for dims {known_dims.tolist()} (size {size})")
   m = xp(indices, dims)
-  strides = m.flip(m.cumprod(m.flip(dims)))   # the size of each dim's trailing block, outermost first
+  strides = m.flip(m.cumprod(m.flip(dims), dtype=dims.dtype))   # the size of each dim's trailing block, outermost first
   trailing = m.concatenate([strides[1:], m.ones(1, strides.dtype)]).reshape((-1,) + (1,) * np.ndim(indices))
-  return (indices // trailing) % m.reshape(dims, trailing.shape)
+  quotient = _truncated_div(m, indices, trailing)
+  dims = m.reshape(dims, trailing.shape)
+  return (quotient - _truncated_div(m, quotient, dims) * dims).astype(indices.dtype)
+
+
+def _truncated_div(m, a, b):
+  """C++ integer division (toward zero)."""
+  return lax.div(*jnp.broadcast_arrays(a, b)) if m is jnp else np.sign(a) * np.sign(b) * (np.abs(a) // np.abs(b))
 
 
 @register("Select", size_bounded=True)
