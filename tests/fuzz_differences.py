@@ -220,3 +220,19 @@ def _sparse_add_nan_sum(case, mode):
             "propagates it (as MaxPool's)")
 def _sparse_reduce_max_nan(case, mode):
   return any(np.isnan(x).any() for x in _floats(case))
+
+
+@difference("NthElement", "NaN in the input",
+            "TF's std::nth_element has no order for NaN (its result depends on where the NaN sits); the rule "
+            "sorts NaN last, as jnp.sort does")
+def _nth_element_nan(case, mode):
+  return any(np.isnan(x).any() for x in _floats(case))
+
+
+@difference("LSTMBlockCell GRUBlockCell", "non-finite inputs, or float16 values that overflow the gate matmul",
+            "an infinity in the gate matmul meets one of the other sign in an order that depends on the "
+            "accumulation (Eigen's blocked GEMM vs XLA's dot), so which gates turn NaN differs")
+def _rnn_cell_non_finite(case, mode):
+  floats = [np.asarray(x) for x in case.inputs if np.asarray(x).dtype.kind == "f"]
+  return any((~np.isfinite(x)).any() or (x.dtype == np.float16 and np.abs(x).max(initial=0) > 1e3)
+             for x in floats)

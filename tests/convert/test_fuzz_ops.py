@@ -555,6 +555,102 @@ def ragged_case(rs):
                       ("row_partition_tensors", len(levels))), static=frozenset({0, *known_splits})), 1
 
 
+def former_callbacks_case(rs):
+  """Ops that were host callbacks until the families above were written: order statistics, index
+  arithmetic, sparse structure, argmax pooling and dilation, TF's fused RNN cells."""
+  op = sample(rs, ["NthElement", "UnravelIndex", "SparseSlice", "SparseConcat", "SparseSplit",
+                   "SparseSparseMaximum", "SparseSparseMinimum", "RaggedTensorToSparse",
+                   "MaxPoolWithArgmax", "Dilation2D", "LSTMBlockCell", "GRUBlockCell"])
+  if op in ("MaxPoolWithArgmax", "Dilation2D"):
+    return _window_case(rs, op)
+  if op in ("LSTMBlockCell", "GRUBlockCell"):
+    return _rnn_cell_case(rs, op)
+  if op == "NthElement":   # NaN has no order in TF's nth_element: finite and infinite values only
+    dtype = sample(rs, fz.dtypes_for(op, ("float32", "float64", "int32", "float16", "int64")))
+    x = fill(rs, dtype, sample(rs, [(1,), (5,), (2, 4), (2, 1, 3)]), False, pool=[-1, 0, 2, 2, 3, -np.inf, np.inf]
+             if rs.rand() < 0.3 and dtype.startswith("float") else None)
+    n = np.int32(rs.randint(0, x.shape[-1]))
+    return Case(op, [x, n], {"reverse": bool(rs.rand() < 0.5)}, static=frozenset({1})), 1
+  if op == "UnravelIndex":
+    kind = sample(rs, [np.int32, np.int64])
+    dims = np.array([rs.randint(1, 5) for _ in range(rs.randint(1, 4))], kind)
+    indices = rs.randint(0, int(np.prod(dims)), size=sample(rs, [(), (4,), (0,)])).astype(kind)
+    return Case(op, [indices, dims], vary=(0,)), 1
+  dtype = sample(rs, ("float32", "float64", "int32", "float16"))
+  edges = rs.rand() < 0.3
+  if op == "RaggedTensorToSparse":
+    outer = _splits(rs, rs.randint(1, 4), 3)
+    levels = [outer] + ([_splits(rs, int(outer[-1]), 2).astype(outer.dtype)] if rs.rand() < 0.4 else [])
+    values = fill(rs, dtype, (int(levels[-1][-1]),) + sample(rs, [(), (2,), (1, 2)]), edges)
+    return Case(op, levels + [values], layout=(("rt_nested_splits", len(levels)), ("rt_dense_values", None)),
+                static=frozenset(range(len(levels))) if rs.rand() < 0.5 else frozenset()), 1
+  shape = sample(rs, [(4,), (3, 4), (2, 3, 2), (1, 5), (3, 0)])
+  dims = np.array(shape, np.int64)
+  coords = _coords(rs, shape, rs.randint(0, 7), shuffle=op != "SparseSparseMaximum" and rs.rand() < 0.3)
+  values = fill(rs, dtype, (len(coords),), edges)
+  if op == "SparseSlice":
+    start = np.array([rs.randint(-1, d + 1) for d in shape], np.int64)
+    size = np.array([rs.randint(0, d + 2) for d in shape], np.int64)
+    return Case(op, [coords, values, dims, start, size], static=frozenset({0, 2, 3, 4})), 1
+  if op == "SparseSplit":
+    axis = rs.randint(-len(shape), len(shape))
+    if shape[axis] == 0:
+      axis, shape = 0, (3,) + shape[1:]
+      dims = np.array(shape, np.int64)
+      coords = _coords(rs, shape, rs.randint(0, 7))
+      values = fill(rs, dtype, (len(coords),), edges)
+    return Case(op, [np.int64(axis), coords, values, dims], {"num_split": int(rs.randint(1, shape[axis] + 1))},
+                static=frozenset({0, 1, 3})), 1
+  if op == "SparseConcat":
+    count, axis = rs.randint(1, 4), rs.randint(-len(shape), len(shape))
+    shapes = [tuple(rs.randint(0, 3) if k == axis % len(shape) else d for k, d in enumerate(shape))
+              for _ in range(count)]
+    parts = [_coords(rs, s, rs.randint(0, 4), shuffle=rs.rand() < 0.3) for s in shapes]
+    vals = [fill(rs, dtype, (len(c),), edges) for c in parts]
+    return Case(op, parts + vals + [np.array(s, np.int64) for s in shapes], {"concat_dim": int(axis)},
+                layout=(("indices", count), ("values", count), ("shapes", count)),
+                static=frozenset(range(count)) | frozenset(range(2 * count, 3 * count))), 1
+  dtype = sample(rs, fz.dtypes_for(op, ("float32", "float64", "int32", "float16")))
+  values = fill(rs, dtype, (len(coords),), edges)
+  other = _coords(rs, shape, rs.randint(0, 7))
+  return Case(op, [coords, values, dims, other, fill(rs, dtype, (len(other),), edges), dims],
+              static=frozenset({0, 2, 3, 5})), 1
+
+
+def _window_case(rs, op):
+  dtype = sample(rs, fz.dtypes_for(op, ("float32", "float64", "float16", "int32")))
+  n, h, w, c = rs.randint(1, 3), rs.randint(1, 6), rs.randint(1, 6), rs.randint(1, 3)
+  x = fill(rs, dtype, (n, h, w, c), rs.rand() < 0.3)
+  kh, kw = rs.randint(1, 4), rs.randint(1, 4)
+  strides = [1, int(rs.randint(1, 3)), int(rs.randint(1, 3)), 1]
+  padding = sample(rs, ["SAME", "VALID"])
+  if op == "MaxPoolWithArgmax":
+    if padding == "VALID":
+      kh, kw = min(kh, h), min(kw, w)
+    return Case(op, [x], {"ksize": [1, int(kh), int(kw), 1], "strides": strides, "padding": padding,
+                          "Targmax": np.dtype(np.int64), "include_batch_in_index": bool(rs.rand() < 0.5)}), 1
+  rates = [1, int(rs.randint(1, 3)), int(rs.randint(1, 3)), 1]
+  if padding == "VALID":
+    kh, kw = min(kh, (h - 1) // rates[1] + 1), min(kw, (w - 1) // rates[2] + 1)
+  return Case(op, [x, fill(rs, dtype, (kh, kw, c), rs.rand() < 0.3)],
+              {"strides": strides, "rates": rates, "padding": padding}), 4
+
+
+def _rnn_cell_case(rs, op):
+  batch, inputs, cell = rs.randint(1, 4), rs.randint(1, 4), rs.randint(1, 4)
+  dtype = sample(rs, fz.dtypes_for(op, ("float32", "float16")))
+  draw = lambda *shape: fill(rs, dtype, shape, False) * np.asarray(0.5, dtype)   # noqa: E731
+  x, h_prev = draw(batch, inputs), draw(batch, cell)
+  if op == "GRUBlockCell":
+    return Case(op, [x, h_prev, draw(inputs + cell, 2 * cell), draw(inputs + cell, cell), draw(2 * cell),
+                     draw(cell)]), 64
+  peephole = bool(rs.rand() < 0.5)
+  return Case(op, [x, draw(batch, cell), h_prev, draw(inputs + cell, 4 * cell), draw(cell), draw(cell), draw(cell),
+                   draw(4 * cell)],
+              {"forget_bias": float(sample(rs, [0.0, 1.0, 0.5])), "cell_clip": float(sample(rs, [-1.0, 0.0, 0.7, 3.0])),
+               "use_peephole": peephole}), 64
+
+
 # --------------------------------------------------------------------------- nn
 
 
@@ -712,6 +808,7 @@ FAMILIES = {
     # appended: a family's seeds come from its position (_SALT), so new ones go last
     "sparse": (sparse_case, 40, 800),
     "ragged": (ragged_case, 30, 500),
+    "former_callbacks": (former_callbacks_case, 50, 900),
 }
 _SALT = {name: i for i, name in enumerate(FAMILIES)}
 

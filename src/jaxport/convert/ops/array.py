@@ -432,7 +432,9 @@ def where(ctx, condition):
 @register("UnravelIndex", size_bounded=True)
 def unravel_index(ctx, indices, dims):
   """The coordinates in an array of shape `dims` of flat `indices` (0-D or 1-D): [len(dims), ...].
-  As TF's kernel: C++ (truncating) division and remainder, and only indices >= the size refused."""
+  As TF's kernel: C++ (truncating) division and remainder; empty indices and indices >= the size refused."""
+  if np.size(indices) == 0:
+    raise InvalidNodeError(f"UnravelIndex node {ctx.name!r}: received empty tensor indices (TF refuses them)")
   known_indices, known_dims = known_value(indices), known_value(dims)
   if known_indices is not None and known_dims is not None:
     size = int(np.prod(known_dims))
@@ -449,7 +451,9 @@ def unravel_index(ctx, indices, dims):
 
 def _truncated_div(m, a, b):
   """C++ integer division (toward zero)."""
-  return lax.div(*jnp.broadcast_arrays(a, b)) if m is jnp else np.sign(a) * np.sign(b) * (np.abs(a) // np.abs(b))
+  if m is jnp:
+    return lax.div(*jnp.broadcast_arrays(a, b))
+  return (a // b + ((a % b != 0) & ((a < 0) != (b < 0)))).astype(np.result_type(a, b))   # floor, then toward 0
 
 
 @register("Select", size_bounded=True)
