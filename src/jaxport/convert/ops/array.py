@@ -213,7 +213,7 @@ def split_v(ctx, x, size_splits, axis):
     sizes[sizes.index(-1)] = np.shape(x)[axis] - (sum(sizes) + 1)
   if sum(sizes) != np.shape(x)[axis] or min(sizes, default=0) < 0:
     raise InvalidNodeError(f"SplitV node {ctx.name!r}: size_splits {sizes} do not add up to dimension "
-                     f"{np.shape(x)[axis]}")
+                           f"{np.shape(x)[axis]}")
   return list(xp(x).split(x, np.cumsum(sizes)[:-1].tolist(), axis=axis))
 
 
@@ -222,7 +222,7 @@ def tile(ctx, x, multiples):
   reps = _static(ctx, multiples, "multiples")
   if len(reps) != np.ndim(x):
     raise InvalidNodeError(f"Tile node {ctx.name!r}: multiples {reps} must have one entry per dimension of "
-                     f"the input of shape {np.shape(x)}")
+                           f"the input of shape {np.shape(x)}")
   return xp(x).tile(x, reps)
 
 
@@ -248,13 +248,13 @@ def slice_(ctx, x, begin, size_):
   if known_value(begin) is None:
     if -1 in sizes:
       raise UnsupportedValueError(f"Slice node {ctx.name!r}: with a begin that depends on the inputs, every size must "
-                       f"be known (got {sizes}); the slice size of `x[i:]` is not static")
+                                  f"be known (got {sizes}); the slice size of `x[i:]` is not static")
     return lax.dynamic_slice(x, [begin[i] for i in range(len(sizes))], sizes)
   starts = _static(ctx, begin, "begin")
   ends = [d if s == -1 else b + s for b, s, d in zip(starts, sizes, dims)]
   if any(not 0 <= b <= e <= d for b, e, d in zip(starts, ends, dims)):
     raise InvalidNodeError(f"Slice node {ctx.name!r}: begin {starts} and size {sizes} are out of bounds "
-                     f"for shape {dims}")
+                           f"for shape {dims}")
   return _as_plain(x[tuple(slice(b, e) for b, e in zip(starts, ends))])
 
 
@@ -316,7 +316,7 @@ class _StridedIndex:
     consumed = sum(1 for s in self.static if s is not None and s is not Ellipsis)
     if consumed > len(shape):
       raise InvalidNodeError(f"StridedSlice node {ctx.name!r}: the slice spec indexes {consumed} dimensions, "
-                       f"but the input has only {len(shape)}")
+                             f"but the input has only {len(shape)}")
     axes, axis = [], 0
     for entry in self.static:
       axes.append(None if entry is None or entry is Ellipsis else axis)
@@ -325,7 +325,7 @@ class _StridedIndex:
     for pos, (entry, axis) in enumerate(zip(self.static, axes)):
       if isinstance(entry, int) and pos not in dynamic_positions and not -shape[axis] <= entry < shape[axis]:
         raise InvalidNodeError(f"StridedSlice node {ctx.name!r}: index {entry} is out of bounds for dimension "
-                         f"{axis} of size {shape[axis]}")
+                               f"{axis} of size {shape[axis]}")
     return [(axes[pos], index) for pos, index in self.dynamic_entries], tuple(self.static)
 
 
@@ -406,7 +406,7 @@ def mirror_pad(ctx, x, paddings):
   for (lo, hi), d in zip(pairs, np.shape(x)):
     if max(lo, hi) > d - 1 + limit:
       raise InvalidNodeError(f"MirrorPad node {ctx.name!r}: {mode} paddings {pairs} are too large for shape "
-                       f"{np.shape(x)}")
+                             f"{np.shape(x)}")
   return xp(x).pad(x, pairs, mode=mode) if pairs else xp(x).asarray(x)
 
 
@@ -719,7 +719,7 @@ def space_to_batch_nd(ctx, x, block_shape, paddings):
   padded = np.shape(x)
   if any(padded[1 + i] % b for i, b in enumerate(block)):
     raise InvalidNodeError(f"SpaceToBatchND node {ctx.name!r}: padded spatial shape {padded[1:1 + m]} is not "
-                     f"divisible by block_shape {block}")
+                           f"divisible by block_shape {block}")
   split = [padded[0]] + [d for i, b in enumerate(block) for d in (padded[1 + i] // b, b)] + list(padded[1 + m:])
   x = x.reshape(split)
   perm = [2 + 2 * i for i in range(m)] + [0] + [1 + 2 * i for i in range(m)] + list(range(1 + 2 * m, len(split)))

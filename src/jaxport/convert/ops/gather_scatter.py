@@ -89,7 +89,7 @@ def gather_v2(ctx, params, indices, axis):
   axis = _axis(ctx, _static_int(ctx, axis, "axis"), np.ndim(params))
   if not 0 <= batch_dims <= min(axis, np.ndim(indices)):
     raise InvalidNodeError(f"GatherV2 node {ctx.name!r}: batch_dims {batch_dims} must be in [0, min(axis, "
-                     f"rank(indices))] = [0, {min(axis, np.ndim(indices))}]")
+                           f"rank(indices))] = [0, {min(axis, np.ndim(indices))}]")
   return _gather_axis(ctx, params, indices, axis, batch_dims)
 
 

@@ -49,7 +49,7 @@ def space_to_depth(ctx, x):
   n, h, w, c = np.shape(x)
   if h % b or w % b:
     raise InvalidNodeError(f"SpaceToDepth node {ctx.name!r}: height {h} and width {w} must be divisible by "
-                     f"block_size {b}")
+                           f"block_size {b}")
   m = xp(x)
   y = m.reshape(x, (n, h // b, b, w // b, b, c)).transpose(0, 1, 3, 2, 4, 5)
   return back(m.reshape(y, (n, h // b, w // b, b * b * c)))
@@ -62,7 +62,7 @@ def _window_geometry(size: int, k: int, stride: int, rate: int, padding: str) ->
     out = int((size - span + stride) / stride)   # C++ division, as TF's GetWindowedOutputSize
     if out < 0:
       raise InvalidNodeError(f"the window spans {span} > input size {size} with VALID padding: the output "
-                       "size would be negative (TF raises too)")
+                             "size would be negative (TF raises too)")
     return out, 0, 0
   out = math.ceil(size / stride)
   total = max((out - 1) * stride + span - size, 0)

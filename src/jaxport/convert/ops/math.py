@@ -763,6 +763,6 @@ def _bitcast(ctx, x):
   if ratio < 1:   # the trailing dimension is merged into one element
     if not x.shape or x.shape[-1] * x.dtype.itemsize != dst.itemsize:
       raise InvalidNodeError(f"Bitcast of shape {x.shape} {x.dtype} to {dst} needs a last dimension of "
-                       f"{dst.itemsize // x.dtype.itemsize}")
+                             f"{dst.itemsize // x.dtype.itemsize}")
     return x.view(dst).reshape(x.shape[:-1])
   return x.view(dst)

@@ -91,7 +91,7 @@ def ragged_to_tensor(ctx, shape, values, default_value, *partitions):
   for k, d in enumerate(inner):
     if wanted[ragged + 1 + k] not in (-1, d):
       raise InvalidNodeError(f"RaggedTensorToTensor node {ctx.name!r}: shape {wanted} does not match the values' "
-                       f"inner shape {inner}")
+                             f"inner shape {inner}")
   coordinates = _coordinates(splits, np.shape(values)[0])
   m = xp(values, default_value, *splits)
   out_shape = tuple(dims) + tuple(inner)

@@ -1,8 +1,9 @@
 """Op rules: searches in sorted sequences (LowerBound, UpperBound, Bucketize), InTopK, NthElement,
 and ListDiff (the values of one vector missing from another; its output shape depends on them).
 
-Differences from TF: none known (NaN inputs to NthElement order as in a sort: TF leaves it undefined). `LowerBound`/`UpperBound` assume sorted rows, as TF does
-(unsorted rows give unspecified results in both).
+Differences from TF: none known (NaN inputs to NthElement order as in a sort: TF leaves it undefined).
+`LowerBound`/`UpperBound` assume sorted rows, as TF does (unsorted rows give unspecified results in
+both).
 """
 from __future__ import annotations
 

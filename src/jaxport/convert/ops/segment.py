@@ -94,12 +94,12 @@ def _check_sparse_indices(ctx, indices: np.ndarray, shape: list[int]) -> None:
   bad = np.any((indices < 0) | (indices >= np.asarray(shape)), axis=1)
   if bad.any():
     raise InvalidNodeError(f"SparseToDense node {ctx.name!r}: index {indices[bad][0].tolist()} is out of "
-                     f"bounds for output_shape {shape}")
+                           f"bounds for output_shape {shape}")
   if len(indices) > 1:
     flat = np.ravel_multi_index(tuple(indices.T), shape) if shape else np.zeros(len(indices))
     if np.any(np.diff(flat) <= 0):
       raise InvalidNodeError(f"SparseToDense node {ctx.name!r}: indices are repeated or out of order; sort "
-                       "them (tf.sparse.reorder) or pass validate_indices=False")
+                             "them (tf.sparse.reorder) or pass validate_indices=False")
 
 
 @register("SparseToDense")

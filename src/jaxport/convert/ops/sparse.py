@@ -34,7 +34,7 @@ def _check_in_shape(ctx, indices, shape) -> None:
   bad = np.any((known < 0) | (known >= np.asarray(shape, np.int64)), axis=1)
   if bad.any():
     raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: index {known[bad][0].tolist()} is out of bounds for "
-                     f"dense shape {list(shape)}")
+                           f"dense shape {list(shape)}")
 
 
 def _dense(indices, values, shape, how: str, empty):
@@ -82,7 +82,7 @@ def sparse_dense_matmul(ctx, a_indices, a_values, a_shape, b):
     b = m.conj(m.swapaxes(b, 0, 1))
   if shape[1] != np.shape(b)[0]:
     raise InvalidNodeError(f"SparseTensorDenseMatMul node {ctx.name!r}: inner dimensions differ: A is {shape} "
-                     f"(after its adjoint), B has {np.shape(b)[0]} rows")
+                           f"(after its adjoint), B has {np.shape(b)[0]} rows")
   _check_in_shape(ctx, m.stack([rows, cols], axis=1), shape)
   if not is_concrete(rows):   # traced rows out of range: dropped by the scatter
     rows = jnp.where(rows < 0, shape[0], rows)
@@ -157,12 +157,12 @@ def sparse_reshape(ctx, indices, shape, new_shape):
     rest = int(np.prod(target[target != -1]))
     if (target == -1).sum() > 1 or (rest and size % rest) or (not rest and size and (target == -1).any()):
       raise InvalidNodeError(f"SparseReshape node {ctx.name!r}: cannot reshape a SparseTensor of shape "
-                       f"{known_shape.tolist()} into {known_new.tolist()}")
+                             f"{known_shape.tolist()} into {known_new.tolist()}")
     if -1 in target:
       target[target == -1] = size // rest if rest else 0
     elif int(np.prod(target)) != size:
       raise InvalidNodeError(f"SparseReshape node {ctx.name!r}: shape {known_shape.tolist()} has {size} values, "
-                       f"{known_new.tolist()} has {int(np.prod(target))}")
+                             f"{known_new.tolist()} has {int(np.prod(target))}")
     new_shape = target
   else:   # traced shapes: infer the -1 arithmetically
     size = m.prod(shape)
@@ -182,7 +182,7 @@ def sparse_fill_empty_rows(ctx, indices, values, dense_shape, default_value):
   if known.size and (known[:, 0].min() < 0 or known[:, 0].max() >= rows):
     bad = known[(known[:, 0] < 0) | (known[:, 0] >= rows)][0]
     raise InvalidNodeError(f"SparseFillEmptyRows node {ctx.name!r}: index {bad.tolist()} is outside the "
-                     f"{rows} rows of dense_shape")
+                           f"{rows} rows of dense_shape")
   n, rank = known.shape
   empty = np.ones(rows, bool)
   empty[known[:, 0]] = False
@@ -218,7 +218,7 @@ def sparse_dense_cwise(ctx, sp_indices, sp_values, sp_shape, dense):
   if len(dense_shape) > rank or (known_shape is not None and any(
       d not in (1, s) for d, s in zip(dense_shape[::-1], known_shape[::-1].tolist()))):
     raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: a dense operand of shape {list(dense_shape)} does not "
-                     f"broadcast to the sparse shape {None if known_shape is None else known_shape.tolist()}")
+                           f"broadcast to the sparse shape {None if known_shape is None else known_shape.tolist()}")
   m = xp(sp_indices, sp_values, dense)
   lead = rank - len(dense_shape)
   at = tuple(m.zeros_like(sp_indices[:, 0]) if d == 1 else sp_indices[:, lead + k]
@@ -231,7 +231,7 @@ def sparse_dense_cwise(ctx, sp_indices, sp_values, sp_shape, dense):
     return sp_values * picked
   if is_concrete(dense) and np.any(np.asarray(dense) == 0):
     raise InvalidNodeError(f"SparseDenseCwiseDiv node {ctx.name!r}: the dense tensor contains a zero (TF refuses "
-                     "to divide by it)")
+                           "to divide by it)")
   if np.issubdtype(np.dtype(sp_values.dtype), np.integer):   # C++ division: truncated toward zero
     return (m.sign(sp_values) * m.sign(picked) * (m.abs(sp_values) // m.abs(picked))).astype(sp_values.dtype)
   return sp_values / picked

@@ -35,7 +35,7 @@ FORWARD = frozenset(_REDUCTIONS) | frozenset(_WITH_NUM_SEGMENTS)
 def _vectors(ctx, indices, segment_ids) -> None:
   if np.ndim(indices) != 1 or np.shape(indices) != np.shape(segment_ids):
     raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: indices and segment_ids must be vectors of one length, "
-                     f"got shapes {np.shape(indices)} and {np.shape(segment_ids)}")
+                           f"got shapes {np.shape(indices)} and {np.shape(segment_ids)}")
 
 
 def _known_sorted_ids(ctx, segment_ids, bound: int | None):
@@ -95,7 +95,7 @@ def _scaled_rows_per_entry(ctx, how: str, grad, segment_ids):
   ids = known_value(segment_ids)
   if ids is not None and ids.size and (ids.min() < 0 or ids.max() >= segments):
     raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: segment ids must be in [0, {segments}) (the gradient's "
-                     f"rows), got values in [{ids.min()}, {ids.max()}]")
+                           f"rows), got values in [{ids.min()}, {ids.max()}]")
   if ids is None:   # traced negative ids: past the last segment, so they count nowhere and read zeros
     segment_ids = jnp.where(segment_ids < 0, segments, segment_ids)
   grad = _accumulated(grad)

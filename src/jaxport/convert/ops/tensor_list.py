@@ -53,7 +53,7 @@ class TensorList:
     shape = self.known_element_shape()
     if shape is None:
       raise UnsupportedValueError("reading a TensorList whose element shape is unknown and that was never written; "
-                       "give the TensorArray an element_shape")
+                                  "give the TensorArray an element_shape")
     return jnp.zeros((self.size, *shape), self.dtype)
 
   def __repr__(self):
@@ -238,7 +238,8 @@ def tensor_list_concat(ctx, lst, *_):
 def tensor_list_split(ctx, tensor, element_shape, lengths):
   lens = static_ints(lengths, "lengths", ctx)
   if len(set(lens)) > 1:
-    raise UnsupportedValueError("TensorListSplit with unequal lengths makes a ragged list, which jaxport does not support")
+    raise UnsupportedValueError("TensorListSplit with unequal lengths makes a ragged list, which jaxport does "
+                                "not support")
   n = len(lens)
   return TensorList(None, tensor.dtype, None).with_items(tensor.reshape((n, lens[0] if n else 0, *tensor.shape[1:])))
 

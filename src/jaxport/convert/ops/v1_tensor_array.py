@@ -112,7 +112,7 @@ def tensor_array_split(ctx, handle, value, lengths, flow):
   lens = static_ints(lengths, "TensorArraySplitV3 lengths")
   if len(set(lens)) > 1:
     raise UnsupportedValueError("TensorArraySplitV3 with unequal lengths makes a ragged array, which jaxport does not "
-                     "support; split into equal lengths")
+                                "support; split into equal lengths")
   n = len(lens)
   value = jnp.asarray(value, flow.dtype)
   return flow.with_items(value.reshape((n, lens[0] if n else 0, *value.shape[1:])))

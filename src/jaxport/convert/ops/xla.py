@@ -54,7 +54,7 @@ def _proto(ctx, key: str, message: str):
     return _parse(message, raw)
   except Exception as e:
     raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: attribute {key!r} is not a serialized "
-                     f"xla.{message} ({e}); re-export the graph with a matching TF version") from None
+                           f"xla.{message} ({e}); re-export the graph with a matching TF version") from None
 
 
 def _precision(ctx):
@@ -616,7 +616,7 @@ def xla_rng_bit_generator(ctx, algorithm, state, shape):
   alg = int(static_value(algorithm, "algorithm", ctx))
   if alg not in _RNG_ALGORITHMS:
     raise InvalidNodeError(f"XlaRngBitGenerator node {ctx.name!r}: unknown algorithm {alg}; "
-                     "expected tf.random.Algorithm PHILOX (1), THREEFRY (2) or AUTO_SELECT (3).")
+                           "expected tf.random.Algorithm PHILOX (1), THREEFRY (2) or AUTO_SELECT (3).")
   key, bits = lax.rng_bit_generator(_state_words(ctx, state), tuple(static_ints(shape, "shape", ctx)),
                                     dtype=dtype, algorithm=_RNG_ALGORITHMS[alg])
   pairs = key.reshape(2, 2)

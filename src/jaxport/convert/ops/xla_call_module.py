@@ -137,9 +137,9 @@ def _platform_index(ctx, loaded: LoadedModule) -> int:
     return loaded.platforms.index(here)
   if loaded.platform_check and ctx.config.get(_STRICT_KEY, True) and _config.get_config(_STRICT_KEY):
     raise InvalidNodeError(f"Unsupported backend: `{here.lower()}` not in `{tuple(p.lower() for p in loaded.platforms)}`: "
-                     f"XlaCallModule node {ctx.name!r} was lowered for {', '.join(loaded.platforms)} only and "
-                     f"this is {here}. To run it through the interpreter anyway, set the config "
-                     f"{_STRICT_KEY!r} to False (jaxport.override_config({_STRICT_KEY!r}, False)).")
+                           f"XlaCallModule node {ctx.name!r} was lowered for {', '.join(loaded.platforms)} only and "
+                           f"this is {here}. To run it through the interpreter anyway, set the config "
+                           f"{_STRICT_KEY!r} to False (jaxport.override_config({_STRICT_KEY!r}, False)).")
   return 0
 
 
