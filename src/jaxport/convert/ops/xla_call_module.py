@@ -136,7 +136,8 @@ def _platform_index(ctx, loaded: LoadedModule) -> int:
   if here in loaded.platforms:
     return loaded.platforms.index(here)
   if loaded.platform_check and ctx.config.get(_STRICT_KEY, True) and _config.get_config(_STRICT_KEY):
-    raise InvalidNodeError(f"Unsupported backend: `{here.lower()}` not in `{tuple(p.lower() for p in loaded.platforms)}`: "
+    lowered_for = tuple(p.lower() for p in loaded.platforms)
+    raise InvalidNodeError(f"Unsupported backend: `{here.lower()}` not in `{lowered_for}`: "
                            f"XlaCallModule node {ctx.name!r} was lowered for {', '.join(loaded.platforms)} only and "
                            f"this is {here}. To run it through the interpreter anyway, set the config "
                            f"{_STRICT_KEY!r} to False (jaxport.override_config({_STRICT_KEY!r}, False)).")
