@@ -240,3 +240,15 @@ def test_restored_table_exports_and_loads_without_tf(tmp_path):
                           capture_output=True, text=True, env={**env, "JAX_PLATFORMS": "cpu"}, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected)
+
+
+def test_an_iterator_beside_a_table_is_still_refused():
+  # only resources TF can size as tables become tables; an iterator keeps its clear refusal
+  table = _static_table(tf.constant([1, 2], tf.int64), tf.constant([3.0, 4.0]), 0.0)
+  iterator = iter(tf.data.Dataset.from_tensors(tf.constant(2.0)).repeat())
+
+  @tf.function
+  def fn(k):
+    return table.lookup(k) * next(iterator)
+  with pytest.raises(TypeError, match="iterators and other resources cannot be converted"):
+    jaxport.convert(fn, IDS[0])

@@ -416,9 +416,16 @@ class _ParamCollector:
     return _shared_value(var)
 
   def is_table(self, handle) -> bool:
-    """Whether a captured resource is not a variable (the graph reads it as a lookup table)."""
+    """Whether a captured resource is a lookup table: not a variable, and TF can size it as a table."""
     from jaxport.convert.handle_owners import owning_variable
-    return id(handle) not in self._variables and owning_variable(handle) is None
+    if id(handle) in self._variables or owning_variable(handle) is not None:
+      return False
+    tf = _tf()
+    try:
+      tf.raw_ops.LookupTableSizeV2(table_handle=handle)   # another resource: a clean InvalidArgumentError
+    except tf.errors.OpError:
+      return False
+    return True
 
   def ref(self, handle, what: str, variables=()) -> VariableRef:
     """The VariableRef of the variable behind an eager resource `handle`."""
@@ -430,8 +437,8 @@ class _ParamCollector:
         from jaxport.convert.handle_owners import owning_variable
         var = owning_variable(handle)
       if var is None:
-        raise TypeError(f"{what} is not a tf.Variable (tables and iterators cannot be converted); "
-                        "pass its contents as an input instead")
+        raise UnsupportedValueError(f"{what} is not a tf.Variable or a lookup table (iterators and other "
+                                    "resources cannot be converted); pass its contents as an input instead")
       keras = self._keras_variables.get(id(handle))
       key = base = (keras and keras.path) or var.name.split(":")[0]
       n = 1
