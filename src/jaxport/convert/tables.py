@@ -8,9 +8,11 @@ table, as `params` are of the variables. Ops that write a table are refused at c
 """
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from jaxport.errors import UnsupportedValueError
+from jaxport.interop._dtypes import check_fits_jax
 
 
 class TableRef:
@@ -20,6 +22,7 @@ class TableRef:
     self._handle = handle   # the eager resource handle
     self.name = name
     self._contents: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+    self._sorted: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
     self._size: np.int64 | None = None
 
   @classmethod
@@ -56,6 +59,25 @@ class TableRef:
                                                     Tvalues=tf_values)
       self._contents[cache_key] = (keys.numpy(), values.numpy())
     return self._contents[cache_key]
+
+  def sorted_for(self, key_dtype, value_dtype, lookup_dtype) -> tuple[np.ndarray, np.ndarray]:
+    """The keys sorted and cast to `lookup_dtype` (the looked-up keys' dtype), with their values in
+    JAX's dtype; keys that dtype cannot hold can never equal a lookup and are left out. Once per dtypes
+    (an eager call looks up without sorting again)."""
+    lookup_dtype = np.dtype(lookup_dtype)
+    cache_key = (np.dtype(key_dtype).str, np.dtype(value_dtype).str, lookup_dtype.str, jax.config.jax_enable_x64)
+    if cache_key not in self._sorted:
+      keys, values = self.contents(key_dtype, value_dtype)
+      if lookup_dtype.kind in "iu" and keys.size:
+        info = np.iinfo(lookup_dtype)
+        fits = (keys >= info.min) & (keys <= info.max)
+        keys, values = keys[fits], values[fits]
+      order = np.argsort(keys, kind="stable")
+      values = values[order]
+      check_fits_jax(values, f"lookup table {self.name!r}")
+      self._sorted[cache_key] = (keys[order].astype(lookup_dtype),
+                                 values.astype(jax.dtypes.canonicalize_dtype(values.dtype)))
+    return self._sorted[cache_key]
 
   def size(self) -> np.int64:
     if self._size is None:

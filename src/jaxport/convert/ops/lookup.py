@@ -6,7 +6,6 @@ TF gives the lookup no gradient. Ops that write a table are refused at conversio
 """
 from __future__ import annotations
 
-import jax
 import numpy as np
 from jax import lax
 
@@ -14,7 +13,6 @@ from jaxport.convert.ops._util import text, xp
 from jaxport.convert.registry import register
 from jaxport.convert.tables import TableRef
 from jaxport.errors import UnsupportedValueError
-from jaxport.interop._dtypes import check_fits_jax
 
 
 def _table(ctx, table) -> TableRef:
@@ -28,8 +26,17 @@ _INITIALIZERS = ("InitializeTableV2", "LookupTableImportV2")
 
 @register("HashTableV2", structural=True)
 def _graph_table(ctx):
-  """A table created in the graph (TF1). Its contents are the constants its initializer imports, or,
-  with no initializer in the graph (a loaded TF1 SavedModel ran it), the live TF table of its name."""
+  """A table created in the graph (TF1), made once per node: its contents are the constants its
+  initializer imports, or, with no initializer in the graph (a loaded TF1 SavedModel ran it), the live
+  TF table of its name."""
+  made = ctx.runtime.library.memo.setdefault("graph_tables", {})
+  key = (ctx.fn.name, ctx.name)
+  if key not in made:
+    made[key] = _new_graph_table(ctx)
+  return made[key]
+
+
+def _new_graph_table(ctx) -> TableRef:
   inits = [n for n in ctx.fn.nodes.values() if n.op in _INITIALIZERS and n.inputs[0][0] == ctx.name]
   if len(inits) == 1:
     sources = [ctx.fn.nodes[src] for src, _ in inits[0].inputs[1:3]]
@@ -62,23 +69,9 @@ def _live_table(ctx) -> TableRef | None:
   return table if table.size() > 0 else None
 
 
-def _sorted_contents(ctx, table: TableRef, key_dtype) -> tuple[np.ndarray, np.ndarray]:
-  """The table's keys, sorted and cast to `key_dtype` (the lookup keys' dtype), and their values."""
-  keys, values = _table(ctx, table).contents(ctx.attr("Tin"), ctx.attr("Tout"))
-  key_dtype = np.dtype(key_dtype)
-  if key_dtype.kind in "iu" and keys.size:
-    info = np.iinfo(key_dtype)
-    fits = (keys >= info.min) & (keys <= info.max)
-    keys, values = keys[fits], values[fits]
-  order = np.argsort(keys, kind="stable")
-  values = values[order]
-  check_fits_jax(values, f"lookup table {table.name!r}")
-  return keys[order].astype(key_dtype), values.astype(jax.dtypes.canonicalize_dtype(values.dtype))
-
-
 @register("LookupTableFindV2")
 def _find(ctx, table, keys, default):
-  table_keys, table_values = _sorted_contents(ctx, table, keys.dtype)
+  table_keys, table_values = _table(ctx, table).sorted_for(ctx.attr("Tin"), ctx.attr("Tout"), keys.dtype)
   np_ = xp(keys, default)
   value_shape = table_values.shape[1:]
   out_shape = tuple(np.shape(keys)) + value_shape
