@@ -23,3 +23,16 @@ import runpy
 sys.argv = [sys.argv[1], *sys.argv[2:]]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
+
+
+def run_without(source: str, *args: str, packages=("tensorflow", "tf_keras", "keras"), timeout: int = 300):
+  """Runs Python `source` with `args` in a CPU-only subprocess where `packages` cannot be imported;
+  fails the test with its stderr when it fails."""
+  import os
+  import subprocess
+  import sys
+  env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+  result = subprocess.run([sys.executable, "-c", block_imports(*packages) + source, *args],
+                          capture_output=True, text=True, env={**env, "JAX_PLATFORMS": "cpu"}, timeout=timeout)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result

@@ -2,9 +2,6 @@
 `IntegerLookup` in models, restored SavedModels (TF2 and TF1), frozen TF1 graphs, and artifacts of them
 loaded without TF. Also `tf.math.bincount`'s clamped size, static under jit (Keras `CategoryEncoding`).
 """
-import os
-import subprocess
-import sys
 
 import hypothesis
 import hypothesis.strategies as st
@@ -16,7 +13,7 @@ import tensorflow as tf
 import tf_keras
 
 import jaxport
-from import_blocker import block_imports
+from import_blocker import run_without
 from jaxport.errors import UnsupportedValueError
 from oracle import assert_close, check
 from tf1_oracle import v1_graph
@@ -234,11 +231,7 @@ def test_restored_table_exports_and_loads_without_tf(tmp_path):
   expected = restored(ids).numpy()
   np.testing.assert_allclose(jax.jit(jax_fn)(params, ids)[0], expected)
   jaxport.export(jax_fn, params, ids, path=str(tmp_path / "art"), platforms=("cpu",))
-  env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-  result = subprocess.run([sys.executable, "-c", block_imports("tensorflow", "keras") + _LOAD,
-                           str(tmp_path / "art"), str(tmp_path / "y.npy")],
-                          capture_output=True, text=True, env={**env, "JAX_PLATFORMS": "cpu"}, timeout=300)
-  assert result.returncode == 0, result.stderr[-3000:]
+  run_without(_LOAD, str(tmp_path / "art"), str(tmp_path / "y.npy"))
   np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected)
 
 

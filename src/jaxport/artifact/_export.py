@@ -407,25 +407,8 @@ def conversion_report(jax_fn) -> dict[str, Any] | None:
   graph, library, conf = (getattr(jax_fn, a, None) for a in ("_graph", "_library", "_config"))
   if graph is None or library is None or conf is None:
     return None
-  from jaxport.convert import api
   from jaxport.convert import inspect as inspect_mod
-  from jaxport.convert.registry import Tier
-  from jaxport.convert.tiers import GRAPH_INPUT_OPS, op_tier
-  modules = [node for _, node in api._live_nodes(graph, library) if node.op == "XlaCallModule"]
-  rows = []
-  for op, labels in api._op_uses(graph, library).items():
-    if op in GRAPH_INPUT_OPS:
-      continue
-    examples = tuple(labels[:3])
-    if op in library:
-      rows.append(inspect_mod.OpRow(op, Tier.NATIVE, len(labels), examples, note="function call, inlined"))
-    elif op == "XlaCallModule":
-      rows.append(inspect_mod._xla_call_module_row(op_tier(op, conf), labels, modules))
-    else:
-      tier = Tier.UNSUPPORTED if op.startswith("<missing function") else op_tier(op, conf)
-      rows.append(inspect_mod.OpRow(op, tier, len(labels), examples))
-  rows.sort(key=lambda r: (inspect_mod.TIER_ORDER.index(r.tier), r.op))
-  return inspect_mod.InspectReport(str(getattr(jax_fn, "__name__", "function")), tuple(rows)).to_dict()
+  return inspect_mod._report(graph, library, str(getattr(jax_fn, "__name__", "function")), conf).to_dict()
 
 
 def _versions() -> dict[str, str | None]:

@@ -19,7 +19,7 @@ from jaxport.convert.interpreter import Runtime, VariableRef, run_function
 from jaxport.convert.tables import TableRef
 from jaxport.convert.ops._util import has_symbolic, stage_dims
 from jaxport.convert.registry import Tier, get_rule, ops_where
-from jaxport.convert.tiers import GRAPH_INPUT_OPS, op_tier
+from jaxport.convert.tiers import GRAPH_INPUT_OPS, host_tier, op_tier
 from jaxport.convert.signature import (InputSpec, Signature, composite_kind, check_params, is_static_leaf,
                                        path_name, plain_structure, warn_if_narrowed)
 from jaxport.errors import (UnsupportedValueError, MissingInputError, SignatureError, StaticArgumentError,
@@ -375,10 +375,28 @@ def _custom_gradients(cf, graph: GraphFunction, library: Library, variable_ref) 
   return found
 
 
-def _unsupported(uses: dict[str, list[str]], library: Library, config) -> dict[str, list[str]]:
-  """The op types of `uses` that no tier can convert."""
-  return {op: nodes for op, nodes in uses.items()
-          if op not in GRAPH_INPUT_OPS and op not in library and op_tier(op, config) == Tier.UNSUPPORTED}
+def _host_handed(graph: GraphFunction, library: Library, config) -> dict[str, list[str]]:
+  """The nodes (by op type) whose op's native rule hands them to the host callback tier
+  (`register(host_nodes=...)`, e.g. `AsString` of floats)."""
+  handed: dict[str, list[str]] = {}
+  for label, node in _live_nodes(graph, library):
+    rule = get_rule(node.op)
+    if (rule is not None and rule.host_nodes is not None and node.op not in library
+        and op_tier(node.op, config) == Tier.NATIVE and rule.host_nodes(node)):
+      handed.setdefault(node.op, []).append(label)
+  return handed
+
+
+def _unsupported(uses: dict[str, list[str]], library: Library, config,
+                 host_handed: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
+  """The op types of `uses` that no tier can convert, with their nodes; of `host_handed`, the
+  nodes the host cannot take either."""
+  missing = {op: nodes for op, nodes in uses.items()
+             if op not in GRAPH_INPUT_OPS and op not in library and op_tier(op, config) == Tier.UNSUPPORTED}
+  for op, nodes in (host_handed or {}).items():
+    if host_tier(op, config) == Tier.UNSUPPORTED:
+      missing[op] = nodes
+  return missing
 
 
 def _shared_value(var) -> np.ndarray:
@@ -483,7 +501,8 @@ def _decode_graph(cf):
 def unsupported_in_concrete(cf) -> dict[str, list[str]]:
   """Unsupported op types of a concrete function, with the nodes that use them."""
   graph, library, _ = _decode_graph(cf)
-  return _unsupported(_op_uses(graph, library), library, _config.snapshot())
+  conf = _config.snapshot()
+  return _unsupported(_op_uses(graph, library), library, conf, _host_handed(graph, library, conf))
 
 
 def _python_signature(cf, fn=None) -> inspect.Signature:
@@ -545,7 +564,7 @@ def _from_concrete(cf, keras_variables: dict[int, KerasVariable], input_structur
                    if n.op in ("VariableV2", "Variable", "VarHandleOp")
                    and variable_key(n) in graph_specs and variable_key(n) not in params}
 
-  missing = _unsupported(uses, library, conf)
+  missing = _unsupported(uses, library, conf, _host_handed(graph, library, conf))
   if missing:
     raise UnsupportedOperationsError(missing)
   _check_nodes([(graph, library)] + [(g.graph, g.library) for g in custom_gradients.values()], conf)

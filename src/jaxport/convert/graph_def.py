@@ -113,7 +113,7 @@ def convert_graph_def(graph_def, inputs: Sequence[str], outputs: str | Sequence[
 
   conf = _config.snapshot()
   uses = api._op_uses(graph, library)
-  missing = api._unsupported(uses, library, conf)
+  missing = api._unsupported(uses, library, conf, api._host_handed(graph, library, conf))
   if missing:
     raise UnsupportedOperationsError(missing)
   api._check_nodes([(graph, library)], conf)

@@ -18,7 +18,7 @@ from jaxport import config as _config
 from jaxport.convert import api
 from jaxport.convert.graph import GraphFunction, Library, Node, decode_nodes
 from jaxport.convert.registry import Tier
-from jaxport.convert.tiers import GRAPH_INPUT_OPS, op_tier
+from jaxport.convert.tiers import GRAPH_INPUT_OPS, host_tier, op_tier
 from jaxport.errors import ModelFileError
 
 # Rows are listed problems first.
@@ -155,9 +155,11 @@ def inspect_concrete(cf, name: str | None = None) -> InspectReport:
   return _report(graph, library, name or api._text(getattr(cf, "name", "function")))
 
 
-def _report(graph: GraphFunction, library: Library, name: str) -> InspectReport:
-  conf = _config.snapshot()
+def _report(graph: GraphFunction, library: Library, name: str, conf=None) -> InspectReport:
+  """The rows of every op type `graph` can run, classified under `conf` (default: the current config)."""
+  conf = _config.snapshot() if conf is None else conf
   modules = [node for _, node in api._live_nodes(graph, library) if node.op == "XlaCallModule"]
+  handed = api._host_handed(graph, library, conf)
   rows = []
   for op, labels in api._op_uses(graph, library).items():
     if op in GRAPH_INPUT_OPS:
@@ -169,7 +171,13 @@ def _report(graph: GraphFunction, library: Library, name: str) -> InspectReport:
     elif op == "XlaCallModule":
       rows.append(_xla_call_module_row(op_tier(op, conf), labels, modules))
     else:
-      rows.append(OpRow(op, op_tier(op, conf), len(labels), tuple(labels[:_EXAMPLES])))
+      on_host = handed.get(op, [])
+      native = [label for label in labels if label not in set(on_host)]
+      if native:
+        rows.append(OpRow(op, op_tier(op, conf), len(native), tuple(native[:_EXAMPLES])))
+      if on_host:
+        rows.append(OpRow(op, host_tier(op, conf), len(on_host), tuple(on_host[:_EXAMPLES]),
+                          note="nodes its native rule cannot take"))
   rows.sort(key=lambda r: (TIER_ORDER.index(r.tier), r.op))
   return InspectReport(name, tuple(rows))
 

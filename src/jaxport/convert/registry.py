@@ -34,6 +34,9 @@ class OpRule:
   structural: bool = False       # works on graph structure (functions, resources, lists, gradients)
   tier: Tier = Tier.NATIVE
   check: Callable | None = None  # check(node) at conversion time: raises when the node cannot run
+  # host_nodes(node) is True for the nodes of this op its native rule hands to the host callback
+  # tier (e.g. `AsString` of floats): unsupported where callbacks are off, and listed as callbacks
+  host_nodes: Callable | None = None
   convolution: bool = False      # a convolution (picks XLA:CPU options in jaxport.jit)
   # its result has no more elements than the product of its inputs' sizes: elementwise, shape
   # arithmetic, slicing, reductions, products; constant folding bounds its size without running it
@@ -55,7 +58,8 @@ _RULES: dict[str, OpRule] = {}
 
 def register(*op_types: str, needs_rng: bool = False, writes_state: bool = False,
              stateful: bool = False, structural: bool = False, tier: Tier = Tier.NATIVE,
-             check: Callable | None = None, convolution: bool = False, size_bounded: bool = False,
+             check: Callable | None = None, host_nodes: Callable | None = None,
+             convolution: bool = False, size_bounded: bool = False,
              elementwise: bool = False, scatter_indices: int | None = None,
              gather_indices: int | None = None):
   """Registers the decorated `fn(ctx, *inputs)` for each of `op_types` (literal op names).
@@ -72,7 +76,7 @@ def register(*op_types: str, needs_rng: bool = False, writes_state: bool = False
     for op in op_types:
       _RULES[op] = OpRule(op, fn, needs_rng=needs_rng, writes_state=writes_state,
                           stateful=stateful or writes_state or needs_rng, structural=structural,
-                          tier=tier, check=check, convolution=convolution,
+                          tier=tier, check=check, host_nodes=host_nodes, convolution=convolution,
                           size_bounded=size_bounded or elementwise, elementwise=elementwise,
                           scatter_indices=scatter_indices, gather_indices=gather_indices)
     return fn

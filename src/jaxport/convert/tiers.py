@@ -60,6 +60,13 @@ def op_tier(op_type: str, config: Mapping[str, Any]) -> Tier:
   return Tier.UNSUPPORTED
 
 
+def host_tier(op_type: str, config: Mapping[str, Any]) -> Tier:
+  """The tier of a node its op's native rule hands to the host (`register(host_nodes=...)`)."""
+  if config.get("allow_host_callback", True) and has_host_kernel(op_type):
+    return Tier.CALLBACK
+  return Tier.UNSUPPORTED
+
+
 def node_rule(op_type: str, config: Mapping[str, Any]) -> Callable | None:
   """The rule `fn(ctx, *inputs)` for nodes of `op_type`, or None when no tier takes it."""
   tier = op_tier(op_type, config)
