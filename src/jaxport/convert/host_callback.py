@@ -169,6 +169,16 @@ def callback_rule(ctx: OpContext, *inputs: Any, why: str = "") -> list:
   return out
 
 
+def hand_to_host(ctx: OpContext, *inputs: Any) -> list:
+  """For a native rule that cannot take this node (`register(host_nodes=...)`): the node through the
+  host callback tier (constant inputs fold at once, in TF), or a TierError when callbacks are off."""
+  if not ctx.config.get("allow_host_callback", True) and not all(is_concrete(x) for x in inputs):
+    raise TierError(ctx.op, ctx.name, "native", "its native rule cannot take this node's inputs or "
+                    "attributes, and host callbacks are off.",
+                    "Allow host callbacks (jaxport.update_config('allow_host_callback', True)).")
+  return callback_rule(ctx, *inputs)
+
+
 def _shape_text(shape) -> str:
   return "unknown" if shape is None else "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
 

@@ -20,7 +20,7 @@ from jaxport.convert import host_callback
 from jaxport.convert.ops import philox as ph
 from jaxport.convert.ops._util import is_concrete, jax_dtype, text
 from jaxport.convert.registry import register
-from jaxport.errors import InvalidNodeError, TierError
+from jaxport.errors import InvalidNodeError, X64OverflowError
 
 # The longest decimal text of a 64-bit integer: "-9223372036854775808" or "18446744073709551615".
 MAX_DIGITS = 20
@@ -53,16 +53,6 @@ def _writes_decimal(node) -> bool:
           and not text(attrs.get("fill", b"")))
 
 
-def _on_host(ctx, *inputs):
-  """The node through the host callback tier (constant inputs fold at once, in TF), or a TierError
-  when the config forbids callbacks."""
-  if not ctx.config.get("allow_host_callback", True) and not all(is_concrete(x) for x in inputs):
-    raise TierError(ctx.op, ctx.name, "native",
-                    "this node's string input is not decimal text of integers, which only TF can compute",
-                    "Allow host callbacks (jaxport.update_config('allow_host_callback', True)).")
-  return host_callback.callback_rule(ctx, *inputs)
-
-
 def _host_handed_as_string(node) -> bool:
   return not _writes_decimal(node)
 
@@ -70,7 +60,7 @@ def _host_handed_as_string(node) -> bool:
 @register("AsString", host_nodes=_host_handed_as_string)
 def as_string(ctx, x):
   if not _writes_decimal(ctx.node):
-    return _on_host(ctx, x)
+    return host_callback.hand_to_host(ctx, x)
   if is_concrete(x):
     return _decimal_strings(x)   # a constant string array, as a folded callback gives
   return DecimalText(ctx.name, x)
@@ -79,14 +69,25 @@ def as_string(ctx, x):
 def _hash_rule(hash_fn):
   def rule(ctx, strings):
     if not isinstance(strings, DecimalText):
-      return _on_host(ctx, strings)
+      return host_callback.hand_to_host(ctx, strings)
     key = tuple(int(k) for k in ctx.attr("key", ()))
     num_buckets = int(ctx.attr("num_buckets"))
     if num_buckets < 1:
       raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: num_buckets must be at least 1 (TF's kernel "
                              f"refuses {num_buckets}).")
+    check_bucket_range(ctx, num_buckets)
     return _bucket(hash_fn, key, num_buckets, jax_dtype(np.int64), strings.numbers)
   return rule
+
+
+def check_bucket_range(ctx, modulus: int) -> None:
+  """Raises X64OverflowError when bucket ids below `modulus` would not fit the int64 JAX holds (int32
+  while x64 is off): they would wrap."""
+  if modulus - 1 > np.iinfo(jax_dtype(np.int64)).max:
+    raise X64OverflowError(
+        f"{ctx.op} node {ctx.name!r} hashes into {modulus} buckets, but JAX holds int64 in 32 bits while "
+        "jax_enable_x64 is off, so bucket ids would wrap. Enable it (jax.config.update('jax_enable_x64', "
+        "True)) or use at most 2**31 buckets.")
 
 
 # --------------------------------------------------------------------------- text as bytes
