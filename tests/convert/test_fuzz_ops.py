@@ -787,6 +787,36 @@ def spectral_case(rs):
   return Case(op, [x], {"block_size": block, "data_format": "NHWC"}), 1
 
 
+def special_functions_case(rs):
+  """Bessel functions (Eigen's float and double algorithms) over the whole float range; banded
+  triangular solves and matrix square roots of well-conditioned matrices."""
+  op = sample(rs, ["BesselJ0", "BesselJ1", "BesselY0", "BesselY1", "BesselK0", "BesselK0e", "BesselK1",
+                   "BesselK1e", "BandedTriangularSolve", "MatrixSquareRoot"])
+  if op in ("BandedTriangularSolve", "MatrixSquareRoot"):
+    return _well_conditioned_case(rs, op)
+  dtype = sample(rs, fz.dtypes_for(op, FLOATS))
+  pool = [0.0, 1e-6, 0.3, 0.89, 1.5, 2.0, 2.4048, 3.8317, 5.0, 7.5, 30.0, 1e4, -0.7, -4.0]
+  x = fill(rs, dtype, _shape(rs), rs.rand() < 0.3, pool=None if rs.rand() < 0.5 else pool)
+  return Case(op, [x]), 256
+
+
+def _well_conditioned_case(rs, op):
+  dtype = sample(rs, fz.dtypes_for(op, ("float32", "float64", "complex64")))
+  batch, n = sample(rs, [(), (2,), (1, 3)]), int(rs.randint(1, 6))
+  if op == "MatrixSquareRoot":   # eigenvalues near n: a principal root, far from the negative axis
+    x = rs.uniform(-0.5, 0.5, batch + (n, n)) + n * np.eye(n)
+    if dtype.startswith("complex"):
+      x = x + 0.3j * rs.uniform(-1, 1, x.shape)
+    return Case(op, [x.astype(dtype)]), 64
+  bands = int(rs.randint(1, n + 2))
+  lower = bool(rs.rand() < 0.5)
+  matrix = rs.uniform(-1, 1, batch + (bands, n))
+  matrix[..., 0 if lower else bands - 1, :] += np.where(rs.rand(n) < 0.5, 4, -4)   # the diagonal
+  rhs = rs.uniform(-2, 2, sample(rs, [batch, ()]) + (n, int(rs.randint(1, 4))))
+  return Case(op, [matrix.astype(dtype), rhs.astype(dtype)],
+              {"lower": lower, "adjoint": bool(rs.rand() < 0.5)}), 16
+
+
 # --------------------------------------------------------------------------- the tests
 
 # Each hypothesis example draws a signature (op, dtypes, shapes, attrs) and runs it with up to
@@ -809,6 +839,7 @@ FAMILIES = {
     "sparse": (sparse_case, 40, 800),
     "ragged": (ragged_case, 30, 500),
     "former_callbacks": (former_callbacks_case, 50, 900),
+    "special_functions": (special_functions_case, 30, 500),
 }
 _SALT = {name: i for i, name in enumerate(FAMILIES)}
 
