@@ -59,7 +59,7 @@ def test_dense_columns(widths, num_buckets, hash_key):
   kwargs = {} if hash_key is None else {"hash_key": hash_key}
   with jax.enable_x64(num_buckets == 0 or num_buckets > 2**31), warnings.catch_warnings():
     warnings.simplefilter("error", host_callback.HostCallbackWarning)
-    check(lambda *c: _parts(tf.sparse.cross_hashed(list(c), num_buckets, **kwargs)), *columns, vmap=False)
+    check(lambda *c: _parts(tf.sparse.cross_hashed(list(c), num_buckets, **kwargs)), *columns)
 
 
 @pytest.mark.parametrize("fn", [lambda x: tf.sparse.cross_hashed([x, x], 0).values,
@@ -99,7 +99,7 @@ def test_constant_sparse_column_under_jit():
   # a sparse column known at conversion keeps the structure static: jit works
   sparse = tf.SparseTensor([[0, 0], [0, 1], [2, 0]], tf.constant([4, 5, 6], tf.int64), [3, 2])
   dense = _ids(3, 2)
-  check(lambda d: _parts(tf.sparse.cross_hashed([sparse, d, sparse], 97, hash_key=5)), dense, vmap=False)
+  check(lambda d: _parts(tf.sparse.cross_hashed([sparse, d, sparse], 97, hash_key=5)), dense)
 
 
 @pytest.mark.filterwarnings("ignore::jaxport.convert.host_callback.HostCallbackWarning")
