@@ -201,9 +201,9 @@ def _run_node(rule, ctx: OpContext, inputs: list):
   limit = ctx.config.get("max_constant_bytes")
   limit = _config.get_config("max_constant_bytes") if limit is None else limit
   lifted, bound = None, _bound(spec, inputs)
-  if bound is None or bound > limit:
+  if (bound is None or bound > limit) and _abstract_bytes(rule, ctx, inputs) > limit:
     lifted = _lift(inputs)
-    if lifted is not None and _largest(_abstract(rule, ctx, lifted)) > limit:
+    if lifted is not None:
       return _defer(rule(ctx, *lifted), lambda: rule(ctx, *inputs), deferred)
   out = rule(ctx, *inputs)
   if _largest(out, numpy_only=True) > limit:   # the bound missed (the rule could not be traced)
@@ -277,6 +277,24 @@ def _lift(inputs) -> list | None:
     return None
   with jax.ensure_compile_time_eval():   # a transfer, not an op: no tracer even inside jit
     return [jax.device_put(x) for x in inputs]
+
+
+def _abstract_bytes(rule, ctx: OpContext, inputs: list) -> int:
+  """The bytes of the largest result of the rule on constant `inputs`, traced abstractly (0 when it
+  cannot be). Remembered per node, inputs' shapes and dtypes and small inputs' values, so an eager
+  call does not trace it again (~2 ms each): the estimate only chooses between folding and staging,
+  and `_run_node` checks a folded result's size again."""
+  memo = ctx.fn.memo.setdefault("abstract_bytes", {}) if ctx.fn is not None else {}
+  key = (ctx.name, tuple(_signature(x) for x in inputs))
+  if key not in memo:
+    lifted = _lift(inputs)
+    memo[key] = 0 if lifted is None else _largest(_abstract(rule, ctx, lifted))
+  return memo[key]
+
+
+def _signature(x) -> tuple:
+  x = np.asarray(x)
+  return x.shape, x.dtype.str, x.tobytes() if x.size <= 16 and x.dtype.kind not in "OV" else None
 
 
 def _abstract(rule, ctx: OpContext, lifted: list):

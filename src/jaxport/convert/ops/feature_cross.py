@@ -77,7 +77,7 @@ def sparse_cross(ctx, *inputs):
   batch = batches.pop()
   rows, picks = _cross_positions(columns, batch) if batch else (np.zeros(0, np.int64), [np.zeros(0, np.int64)] * len(columns))
   values = [jnp.ravel(jnp.asarray(v)) for v in [*sparse_values, *dense]]
-  picked = [v[p] if len(p) else jnp.zeros((0,), v.dtype) for v, p in zip(values, picks)]
+  picked = [jnp.take(v, p, axis=0) for v, p in zip(values, picks)]
   counts = np.bincount(rows, minlength=batch) if len(rows) else np.zeros(batch, np.int64)
   within = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
   indices = np.stack([rows, within], 1).astype(np.int64).reshape(-1, 2)

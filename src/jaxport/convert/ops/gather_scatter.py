@@ -33,9 +33,22 @@ def _get(x, index, zeros_out_of_range: bool):
   """`x[index]`; NumPy raises on out-of-range indices, JAX clamps (or fills zeros)."""
   if is_concrete(x) and all(is_concrete(i) for i in index if not isinstance(i, slice)):
     return np.asarray(x[index])
-  if zeros_out_of_range:
-    return jnp.asarray(x).at[index].get(mode="fill", fill_value=0)
-  return jnp.asarray(x).at[index].get(mode="clip")
+  structure = tuple((i.start, i.stop, i.step) if isinstance(i, slice) else None for i in index)
+  return _indexer(structure, zeros_out_of_range)(x, *[i for i in index if not isinstance(i, slice)])
+
+
+@functools.lru_cache(maxsize=None)
+def _indexer(structure: tuple, zeros_out_of_range: bool):
+  """`get(x, *index_arrays)` for an index of arrays and slices (`structure`: None for an array, a
+  slice's (start, stop, step)), jitted: called eagerly, `.at[...].get` spends ~0.3 ms normalizing the
+  index, the compiled gather ~10 us."""
+  def get(x, *arrays):
+    rest = iter(arrays)
+    index = tuple(next(rest) if part is None else slice(*part) for part in structure)
+    if zeros_out_of_range:
+      return jnp.asarray(x).at[index].get(mode="fill", fill_value=0)
+    return jnp.asarray(x).at[index].get(mode="clip")
+  return jax.jit(get)
 
 
 def _check_bounds(ctx, indices, dims) -> None:
@@ -128,10 +141,18 @@ def _scatter(base, indices, updates, how: str):
     else:
       _SCATTER_NUMPY[how](out, index, updates)
     return out
-  base = jnp.asarray(base)
-  at, updates = base.at[index], jnp.asarray(updates).astype(base.dtype)
-  combine = {"set": at.set, "add": at.add, "sub": at.subtract, "mul": at.multiply, "max": at.max, "min": at.min}
-  return combine[how](updates)
+  return _scatterer(how)(base, updates, *index)
+
+
+@functools.lru_cache(maxsize=None)
+def _scatterer(how: str):
+  """`scatter(base, updates, *index_arrays)`, jitted (as `_indexer`, for eager calls)."""
+  def scatter(base, updates, *index):
+    base = jnp.asarray(base)
+    at, updates = base.at[index], jnp.asarray(updates).astype(base.dtype)
+    combine = {"set": at.set, "add": at.add, "sub": at.subtract, "mul": at.multiply, "max": at.max, "min": at.min}
+    return combine[how](updates)
+  return jax.jit(scatter)
 
 
 @register("ScatterNd")

@@ -194,7 +194,7 @@ def sparse_fill_empty_rows(ctx, indices, values, dense_shape, default_value):
   position[order] = np.arange(len(order))
   m = xp(values, default_value)
   all_values = m.concatenate([values, m.broadcast_to(m.asarray(default_value, values.dtype), (len(filler),))])
-  return (all_indices[order].astype(np.int64), all_values[order], empty, position[:n])
+  return (all_indices[order].astype(np.int64), m.take(all_values, order, axis=0), empty, position[:n])
 
 
 @register("SparseFillEmptyRowsGrad")
