@@ -20,7 +20,7 @@ import numpy as np
 from jaxport.convert import host_callback
 from jaxport.convert.ops import philox as ph
 from jaxport.convert.ops._util import jax_dtype, static_value
-from jaxport.convert.ops.string_hash import check_bucket_range
+from jaxport.convert.ops.string_hash import check_bucket_range, shift_mix
 from jaxport.convert.registry import register
 from jaxport.errors import InvalidNodeError
 
@@ -28,16 +28,12 @@ _CAT_MUL = np.uint64(0xC6A4A7935BD1E995)
 _INT64_MAX = np.uint64(2**63 - 1)
 
 
-def _shift_mix(value):
-  return value ^ (value >> np.uint64(47))
-
-
 def fingerprint_cat64(first, second):
   """TF's FingerprintCat64 of two uint64 fingerprints (inside `ph.wide()`)."""
   result = first ^ _CAT_MUL
-  result = result ^ (_shift_mix(second * _CAT_MUL) * _CAT_MUL)
+  result = result ^ (shift_mix(second * _CAT_MUL) * _CAT_MUL)
   result = result * _CAT_MUL
-  return _shift_mix(_shift_mix(result) * _CAT_MUL)
+  return shift_mix(shift_mix(result) * _CAT_MUL)
 
 
 def _crosses_natively(node) -> bool:

@@ -175,13 +175,14 @@ def _rotate(value, shift: int):
 _K0, _K1, _K2 = (np.uint64(k) for k in (0xC3A5C85C97CB3127, 0xB492B66FBE98F273, 0x9AE16A3B2F90404F))
 
 
-def _shift_mix(value):
+def shift_mix(value):
+  """FarmHash's ShiftMix (also TF's FingerprintCat64's)."""
   return value ^ (value >> np.uint64(47))
 
 
 def _hash_len16(u, v, mul):
-  a = _shift_mix((u ^ v) * mul)
-  b = _shift_mix((v ^ a) * mul)
+  a = shift_mix((u ^ v) * mul)
+  b = shift_mix((v ^ a) * mul)
   return b * mul
 
 
@@ -200,7 +201,7 @@ def fingerprint64(data, length):
   middle = _fetch(data, length >> np.uint64(1), 1)
   last = _fetch(data, length - np.uint64(1), 1)
   y, z = first + (middle << np.uint64(8)), length + (last << np.uint64(2))
-  short = _shift_mix(y * _K2 ^ z * _K0) * _K2
+  short = shift_mix(y * _K2 ^ z * _K0) * _K2
   # 17 to 32 bytes
   a = _fetch(data, jnp.zeros_like(length), 8) * _K1
   b = _fetch(data, jnp.full_like(length, 8), 8)
