@@ -172,7 +172,8 @@ def _report(graph: GraphFunction, library: Library, name: str, conf=None) -> Ins
       rows.append(_xla_call_module_row(op_tier(op, conf), labels, modules))
     else:
       on_host = handed.get(op, [])
-      native = [label for label in labels if label not in set(on_host)]
+      handed_labels = set(on_host)
+      native = [label for label in labels if label not in handed_labels]
       if native:
         rows.append(OpRow(op, op_tier(op, conf), len(native), tuple(native[:_EXAMPLES])))
       if on_host:
