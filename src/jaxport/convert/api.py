@@ -126,15 +126,17 @@ class ConvertedFunction(CallForms):
     """(the graph's outputs, the params it assigned). Called outside any JAX transformation, the graph runs
     as one `jax.jit` compiled once per input shapes, with `jaxport.jit`'s XLA options: op by op, each op
     compiles apart (RetinaNet's first call: 41 s op by op, 4 s as one jit). A graph that cannot be
-    traced (shapes that depend on values) runs op by op, as under `eager_jit=False`."""
+    traced (shapes that depend on values) runs in segments: each run of nodes that traces as one jit,
+    the nodes that need values op by op (`segments.py`). `eager_jit=False`: all op by op."""
     if (self._config["eager_jit"] and _config.get_config("eager_jit") and self._worth_one_jit()
         and not _traced(inputs, state, rng)):
       key = _shapes_key(inputs, state, rng)
       if key not in self._op_by_op:
         try:
           return self._jitted_graph(inputs, state, rng)
-        except Exception:   # pylint: disable=broad-except - op by op runs it again, and raises what it raises
+        except Exception:   # pylint: disable=broad-except - the segments run it again, and raise what it raises
           self._op_by_op.add(key)
+      return self._run_graph(inputs, state, rng, segmented=True)
     return self._run_graph(inputs, state, rng)
 
   @functools.cached_property
@@ -151,9 +153,9 @@ class ConvertedFunction(CallForms):
       self._graph.memo["eager_jit"] = live >= EAGER_JIT_MIN_NODES
     return self._graph.memo["eager_jit"]
 
-  def _run_graph(self, inputs: list, state: dict, rng) -> tuple[list, dict]:
+  def _run_graph(self, inputs: list, state: dict, rng, segmented: bool = False) -> tuple[list, dict]:
     inputs = self._signature.with_constants(inputs)   # a sparse input's traced dense shape: static here
-    runtime = Runtime(self._library, self._config, dict(state), rng, self._custom_gradients)
+    runtime = Runtime(self._library, self._config, dict(state), rng, self._custom_gradients, segmented)
     outs = run_function(self._graph, inputs + list(self._captures), runtime)
     # An assign leaves a new array in the state; a read leaves the same one.
     return outs, {k: v for k, v in runtime.state.items() if state.get(k) is not v}

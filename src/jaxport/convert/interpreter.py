@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from jaxport import config as _config
-from jaxport.convert import padded_rows
+from jaxport.convert import padded_rows, segments
 from jaxport.convert.graph import GraphFunction, Library, Node
 from jaxport.convert.registry import OpRule, Tier, get_rule
 from jaxport.convert.tables import TableRef
@@ -33,12 +33,13 @@ class Runtime:
   """Per-call state shared by every node: variables, rng, library, config."""
 
   def __init__(self, library: Library, config: dict[str, Any], state: dict[str, Any], rng=None,
-               custom_gradients=None):
+               custom_gradients=None, segmented: bool = False):
     self.library = library
     self.config = config
     self.state = state          # variable key -> current value; assigns update it
     self.rng = rng                # split per loop iteration by control flow
     self.custom_gradients = custom_gradients or {}   # id(IdentityN node) -> CustomGradient
+    self.segmented = segmented   # an eager call: traceable runs of nodes as one jit each (segments.py)
     self.softmax_logits: dict[int, tuple] = {}   # id(Softmax result) -> (result, logits, keep); ops/softmax_product
     self.deferred: dict[int, tuple] = {}   # id(constant staged for its size) -> (value, thunk of its NumPy value)
     self.offsets: dict[int, tuple] = {}    # id(traced x + constant c) -> (result, x, c); ops/array's Range
@@ -58,7 +59,7 @@ class Runtime:
   def fork(self, *, state=None, rng=...):
     """A runtime for a nested trace (a loop body or cond branch)."""
     child = Runtime(self.library, self.config, self.state if state is None else state,
-                    self.rng if rng is ... else rng, self.custom_gradients)
+                    self.rng if rng is ... else rng, self.custom_gradients, self.segmented)
     child.deferred = self.deferred
     child.offsets = self.offsets
     child.padded = self.padded
@@ -114,38 +115,50 @@ def run_function(fn: GraphFunction, args: list, runtime: Runtime) -> list:
   if len(args) != len(fn.inputs):
     raise ValueError(f"function {fn.name!r} takes {len(fn.inputs)} inputs, got {len(args)}")
   env: dict[str, tuple] = {name: (value,) for name, value in zip(fn.inputs, args)}
-  schedule, _ = fn.schedule()
-  for name, frees in schedule:
-    if name in env:   # an argument placeholder
-      continue
-    node = fn.nodes[name]
-    inputs = [env[src][idx] for src, idx in node.inputs]
-    if node.op in runtime.library:   # a node whose op is a library function
-      rule = _call_library_op
-    else:
-      rule = node_rule(node.op, runtime.config)
-    if rule is None:
-      from jaxport.errors import UnsupportedOperationsError
-      raise UnsupportedOperationsError({node.op: [node.name]})
-    try:
-      padding = padded_rows.use(runtime, node, inputs) if runtime.padded else None
-      out = _run_node(rule, OpContext(node, runtime, fn), inputs)
-      if padding:
-        padded_rows.mark_outputs(runtime, node, inputs, out, padding)
-    except Exception as e:
-      if not getattr(e, "_jaxport_noted", False):
-        e.add_note(f"while converting {node.op} node {node.name!r} in {fn.name!r}")
-        e._jaxport_noted = True
-      raise
-    if node.op in ("AddV2", "Add"):
-      _note_offset(runtime, inputs, out)
-    env[name] = tuple(out) if isinstance(out, (tuple, list)) else (out,)
-    for src in frees:
-      env.pop(src, None)
+  if runtime.segmented and not _traced(args, runtime):
+    segments.run(fn, env, runtime, run_node)
+  else:
+    schedule, _ = fn.schedule()
+    for name, frees in schedule:
+      if name not in env:   # else an argument placeholder
+        run_node(fn, fn.nodes[name], env, runtime)
+      for src in frees:
+        env.pop(src, None)
   outputs = [env[src][idx] for src, idx in fn.outputs]
   if runtime.padded:
     padded_rows.check_outputs(runtime, fn.name, outputs)
   return outputs
+
+
+def run_node(fn: GraphFunction, node: Node, env: dict, runtime: Runtime) -> None:
+  """Runs one node on its inputs in `env`, and puts its outputs there."""
+  inputs = [env[src][idx] for src, idx in node.inputs]
+  if node.op in runtime.library:   # a node whose op is a library function
+    rule = _call_library_op
+  else:
+    rule = node_rule(node.op, runtime.config)
+  if rule is None:
+    from jaxport.errors import UnsupportedOperationsError
+    raise UnsupportedOperationsError({node.op: [node.name]})
+  try:
+    padding = padded_rows.use(runtime, node, inputs) if runtime.padded else None
+    out = _run_node(rule, OpContext(node, runtime, fn), inputs)
+    if padding:
+      padded_rows.mark_outputs(runtime, node, inputs, out, padding)
+  except Exception as e:
+    if not getattr(e, "_jaxport_noted", False):
+      e.add_note(f"while converting {node.op} node {node.name!r} in {fn.name!r}")
+      e._jaxport_noted = True
+    raise
+  if node.op in ("AddV2", "Add"):
+    _note_offset(runtime, inputs, out)
+  env[node.name] = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _traced(args: list, runtime: Runtime) -> bool:
+  """Whether the function runs inside a JAX trace (its arguments, variables or key are tracers)."""
+  values = (args, list(runtime.state.values()), runtime.rng)
+  return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(values))
 
 
 def _note_offset(runtime: Runtime, inputs: list, out) -> None:
