@@ -14,7 +14,7 @@ from jaxport import composite
 from jaxport import config as _config
 from jaxport.call_forms import CallForms
 from jaxport.convert import custom_gradient
-from jaxport.convert.graph import GraphFunction, Library, decode_nodes
+from jaxport.convert.graph import GraphFunction, Library, decode_nodes, numpy_dtype, storage_array
 from jaxport.convert.interpreter import Runtime, VariableRef, run_function
 from jaxport.convert.tables import TableRef
 from jaxport.convert.ops._util import has_symbolic, stage_dims
@@ -405,7 +405,7 @@ def _shared_value(var) -> np.ndarray:
   """A CPU variable's value without a copy: its buffer through DLPack as a CPU jax.Array, seen as a
   read-only NumPy array (a later assign in TF writes a new buffer, so this value stays). A call with it
   hands JAX the same buffer (no device copy either). Others, and dtypes JAX would change: `var.numpy()`."""
-  dtype = np.dtype(var.dtype.as_numpy_dtype)
+  dtype = numpy_dtype(var.dtype)
   if "GPU" not in (var.device or "").upper() and dtype.kind in "biuf" and \
       np.dtype(jax.dtypes.canonicalize_dtype(dtype)) == dtype:
     try:
@@ -413,7 +413,7 @@ def _shared_value(var) -> np.ndarray:
       return np.asarray(to_jax(var.read_value(), device="cpu"))
     except Exception:  # pylint: disable=broad-except  # no shared buffer: the copy below
       pass
-  return var.numpy()
+  return storage_array(var.numpy())
 
 
 class _ParamCollector:
@@ -432,7 +432,7 @@ class _ParamCollector:
     `skip_variables_evaluation_inside_tf_tracing` set: the caller then passes params itself."""
     tf = _tf()
     if _config.get_config("skip_variables_evaluation_inside_tf_tracing") or not tf.executing_eagerly():
-      return np.zeros(var.shape, var.dtype.as_numpy_dtype)
+      return np.zeros(var.shape, numpy_dtype(var.dtype))
     return _shared_value(var)
 
   def is_table(self, handle) -> bool:
@@ -576,7 +576,7 @@ def _from_concrete(cf, keras_variables: dict[int, KerasVariable], input_structur
   fixed = composite.known_dense_shapes(input_structure)
   for path, t in zip(leaf_paths, user_inputs):
     shape = None if t.shape.rank is None else tuple(t.shape.as_list())
-    specs.append(InputSpec(path_name(path), shape, np.dtype(t.dtype.as_numpy_dtype), fixed.get(tuple(path))))
+    specs.append(InputSpec(path_name(path), shape, numpy_dtype(t.dtype), fixed.get(tuple(path))))
   param_specs = {k: jax.ShapeDtypeStruct(v.shape, jax.dtypes.canonicalize_dtype(v.dtype)) for k, v in params.items()}
   param_specs.update({k: v for k, v in graph_specs.items() if k not in param_specs})
 

@@ -15,6 +15,27 @@ import numpy as np
 RESOURCE = "resource"
 VARIANT = "variant"
 
+# TF's quantized dtypes have no JAX dtype: their values are held as their storage integers.
+QUANTIZED_STORAGE = {"qint8": np.dtype(np.int8), "quint8": np.dtype(np.uint8), "qint16": np.dtype(np.int16),
+                     "quint16": np.dtype(np.uint16), "qint32": np.dtype(np.int32)}
+
+
+def numpy_dtype(tf_dtype) -> np.dtype:
+  """The NumPy dtype values of `tf_dtype` (a tf.DType, DataType enum or name) are held in: NumPy's own
+  for numeric types, the storage integer for quantized ones (TF's NumPy view is a structured dtype)."""
+  import tensorflow as tf
+  dt = tf.dtypes.as_dtype(tf_dtype)
+  return QUANTIZED_STORAGE.get(dt.name) or np.dtype(dt.as_numpy_dtype)
+
+
+def storage_array(value) -> np.ndarray:
+  """`value` (a NumPy array, possibly of TF's structured quantized dtype) with quantized values viewed
+  as their storage integers; other arrays unchanged."""
+  value = np.asarray(value)
+  if value.dtype.names and len(value.dtype.names) == 1 and value.dtype.names[0] in QUANTIZED_STORAGE:
+    return value.view(QUANTIZED_STORAGE[value.dtype.names[0]])
+  return value
+
 
 @dataclasses.dataclass(frozen=True)
 class FuncAttr:
@@ -113,7 +134,7 @@ def _decode_dtype(enum: int):
     return VARIANT
   if dt == tf.string:
     return np.dtype(object)
-  return np.dtype(dt.as_numpy_dtype)
+  return numpy_dtype(dt)
 
 
 def _decode_shape(proto) -> tuple[int | None, ...] | None:
@@ -126,7 +147,7 @@ def _decode_tensor(proto) -> np.ndarray:
   import tensorflow as tf
   if proto.dtype in (tf.resource.as_datatype_enum, tf.variant.as_datatype_enum):
     raise TypeError(f"constant tensors of dtype {tf.dtypes.as_dtype(proto.dtype).name} cannot be converted")
-  return tf.make_ndarray(proto)
+  return storage_array(tf.make_ndarray(proto))
 
 
 def _decode_str(raw: bytes):

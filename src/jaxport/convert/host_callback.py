@@ -33,6 +33,7 @@ import jax
 import numpy as np
 
 from jaxport.convert import tf_node
+from jaxport.convert.graph import numpy_dtype, storage_array
 from jaxport.convert.ops._util import is_concrete, jax_dtype
 from jaxport.errors import StringTensorError, TierError
 
@@ -87,7 +88,7 @@ def _to_host(value, tf_dtype) -> np.ndarray:
   """A value as NumPy in TF's dtype (JAX holds 64-bit types in 32 bits without x64)."""
   if _is_string(tf_dtype):
     return np.asarray(value, dtype=object)
-  return np.asarray(value).astype(tf_dtype.as_numpy_dtype, copy=False)
+  return np.asarray(value).astype(numpy_dtype(tf_dtype), copy=False)
 
 
 # --------------------------------------------------------------------------- planning
@@ -131,7 +132,7 @@ def _run(fn: tf_node.NodeFunction, plan: _Plan, leaf_values: Sequence) -> list[n
   tf = _tf()
   args = [tf.convert_to_tensor(a, dtype) for a, dtype in zip(plan.host_args(fn, leaf_values), fn.arg_dtypes)]
   outs = fn.concrete(*args)
-  return [np.asarray(o.numpy()) for o in (outs or [])]
+  return [storage_array(o.numpy()) for o in (outs or [])]
 
 
 # --------------------------------------------------------------------------- the rule
@@ -186,7 +187,7 @@ def _shape_text(shape) -> str:
 def _numeric_call(ctx: OpContext, fn: tf_node.NodeFunction, plan: _Plan, specs,
                   numeric: list[int]) -> Callable:
   """`f(*leaves) -> numeric outputs` through pure_callback, with TF's gradient as its VJP."""
-  structs = [jax.ShapeDtypeStruct(specs[k][0], jax_dtype(specs[k][1].as_numpy_dtype)) for k in numeric]
+  structs = [jax.ShapeDtypeStruct(specs[k][0], jax_dtype(numpy_dtype(specs[k][1]))) for k in numeric]
 
   def host_forward(*leaf_values):
     outs = _run(fn, plan, leaf_values)

@@ -15,6 +15,7 @@ import numpy as np
 import tree
 
 from jaxport.convert import api
+from jaxport.convert.graph import numpy_dtype
 from jaxport.convert.inspect import (check_model_path, keras_input_specs, load_keras_file, load_saved_model,
                                      pick_functions)
 from jaxport.convert.signature import path_name
@@ -49,7 +50,7 @@ class ModelFunction:
       if dims is None or None in dims:
         raise ModelFileError(f"{self.path}: input {path} has unknown dims {dims}; only the batch dim may be "
                              "unknown here. Time or export the function from Python with example arrays.")
-      dtype = np.dtype(spec.dtype.as_numpy_dtype)
+      dtype = numpy_dtype(spec.dtype)
       if np.issubdtype(dtype, np.floating):
         arrays.append(rs.normal(size=dims).astype(dtype))
       else:

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from jaxport.convert.graph import Node
+from jaxport.convert.graph import Node, numpy_dtype
 from jaxport.convert.ops._util import is_concrete
 from jaxport.errors import TierError
 
@@ -250,7 +250,7 @@ def _as_const(value, dtype) -> np.ndarray:
   import tensorflow as tf
   if dtype == tf.string:
     return np.asarray(value, dtype=object)
-  return np.asarray(value).astype(dtype.as_numpy_dtype)
+  return np.asarray(value).astype(numpy_dtype(dtype))
 
 
 def node_function(node: Node, inputs: Sequence[Any], tier: str) -> NodeFunction:

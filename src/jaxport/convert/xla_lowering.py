@@ -30,6 +30,7 @@ import jax
 
 from jaxport.convert import export_marks
 from jaxport.convert import tf_node
+from jaxport.convert.graph import numpy_dtype
 from jaxport.errors import TierError
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ def lowered_rule(ctx: OpContext, *inputs: Any) -> list:
 
 def _cast(x: Any, tf_dtype) -> Any:
   """`x` in the dtype JAX holds TF's `tf_dtype` in (64-bit types are 32-bit without x64)."""
-  want = jax.dtypes.canonicalize_dtype(tf_dtype.as_numpy_dtype)
+  want = jax.dtypes.canonicalize_dtype(numpy_dtype(tf_dtype))
   return x if x.dtype == want else x.astype(want)
 
 
