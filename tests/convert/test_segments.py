@@ -75,6 +75,26 @@ def test_a_new_size_compiles_once_running_it_op_by_op_has_cost_a_compile(monkeyp
   assert (after()["signatures"], after()["op_by_op"]) == (2, 0)
   _check_masked(jax_fn, params, -X)
   assert after()["signatures"] == 2
+  # a new size's first run op by op (its ops' kernels compiled for it too) cost as much as a compile:
+  # the next new size compiles at once
+  _check_masked(jax_fn, params, X + 0.5)
+  assert (after()["signatures"], after()["op_by_op"]) == (3, 0)
+
+
+def test_when_a_new_signature_compiles():
+  run = segments._Run(0, 1, (), (), (), {})   # pylint: disable=protected-access
+  worth = lambda sig: segments._worth_compiling(run, sig)  # noqa: E731 pylint: disable=protected-access
+  assert worth("a")   # the run's first compile
+  run.compile_s = 1.0
+  assert not worth("a")   # a new size: op by op first
+  run.op_by_op, run.first_op_s = {"a": 0.5}, 0.5
+  assert not worth("a") and not worth("b")
+  run.op_by_op["a"] = 1.0   # op by op has cost a compile
+  assert worth("a") and not worth("b")
+  run.first_op_s = 1.5   # new sizes cost more op by op than compiled
+  assert worth("b")
+  run.compiled = dict.fromkeys(range(segments.MOST_VARIANTS))
+  assert not worth("a") and not worth("b")
 
 
 def test_a_run_compiles_at_most_most_variants_sizes(monkeypatch):

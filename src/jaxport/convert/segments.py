@@ -12,7 +12,9 @@ constants (NumPy scalars and short vectors, handles, Python numbers) by value. S
 by call (the ids in a batch, a decoder's growing cache) make new signatures. A run compiles its first
 signature at once; a new one runs op by op until the time spent running it op by op reaches the time
 the run's last compile took (ski rental: never more than twice the better choice's cost, had the
-future been known), so a size seen once is never compiled and one seen often is.
+future been known), so a size seen once is never compiled and one seen often is. Op by op, new sizes
+compile each op's kernel too: where running a new signature op by op has cost more than compiling
+it (on average), new signatures compile at once.
 """
 from __future__ import annotations
 
@@ -58,6 +60,7 @@ class _Run:
   compiled: dict = dataclasses.field(default_factory=dict)   # signature -> _Compiled
   op_by_op: dict = dataclasses.field(default_factory=dict)   # signature -> seconds spent running it op by op
   compile_s: float | None = None   # the last compile's seconds (trace, compile, first run)
+  first_op_s: float | None = None  # seconds a new signature's first op-by-op run takes (running mean)
 
 
 @dataclasses.dataclass
@@ -92,10 +95,7 @@ def run(fn, env: dict, runtime, step: Callable) -> None:
           step(fn, fn.nodes[name], env, runtime)
         for src in frees:
           env.pop(src, None)
-      spent = slow.seg.op_by_op
-      if len(spent) >= _MOST_SEEN:
-        spent.clear()
-      spent[slow.signature] = spent.get(slow.signature, 0.0) + time.perf_counter() - began
+      _spent(slow.seg, slow.signature, time.perf_counter() - began)
       i = end
     except _Break as brk:
       k = brk.index
@@ -104,6 +104,25 @@ def run(fn, env: dict, runtime, step: Callable) -> None:
       plan.ends[k] = k
       if k + 1 < end:
         plan.ends.setdefault(k + 1, end)
+
+
+def _spent(seg: _Run, signature: tuple, seconds: float) -> None:
+  spent = seg.op_by_op
+  if signature not in spent:
+    seg.first_op_s = seconds if seg.first_op_s is None else 0.75 * seg.first_op_s + 0.25 * seconds
+  if len(spent) >= _MOST_SEEN:
+    spent.clear()
+  spent[signature] = spent.get(signature, 0.0) + seconds
+
+
+def _worth_compiling(seg: _Run, signature: tuple) -> bool:
+  if len(seg.compiled) >= MOST_VARIANTS:
+    return False
+  if seg.compile_s is None:
+    return True
+  if signature in seg.op_by_op:
+    return seg.op_by_op[signature] >= seg.compile_s
+  return seg.first_op_s is not None and seg.first_op_s >= seg.compile_s
 
 
 def _segment(fn, plan: _Plan, start: int, end: int) -> _Run:
@@ -141,8 +160,7 @@ def _run_segment(fn, plan: _Plan, seg: _Run, env: dict, runtime, step) -> None:
   compiled = seg.compiled.get(signature)
   began = None
   if compiled is None:
-    if len(seg.compiled) >= MOST_VARIANTS or (
-        seg.compile_s is not None and seg.op_by_op.get(signature, 0.0) < seg.compile_s):
+    if not _worth_compiling(seg, signature):
       raise _OpByOp(seg, signature)
     began = time.perf_counter()
     compiled = seg.compiled[signature] = _Compiled(fn, seg, leaves, treedef, state_keys, runtime, step)
