@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 import jaxport
 from jaxport.convert.ops import stateless_random, stateless_samplers
 from jaxport.errors import ShapeMismatchError
+from test_ops_stateless_random import assert_within_ulp
 
 RAW = tf.raw_ops
 SEEDS = np.array([[3, 7], [0, 0], [2**31 - 1, -2**31], [-5, 123456]], np.int32)
@@ -295,3 +296,21 @@ def test_stateless_shuffle_of_many_sizes_is_tfs_permutation():
     draw = jax.jit(convert(shuffled, SEEDS[0], value))
     for seed in SEEDS:
       assert_same(shuffled(tf.constant(seed), tf.constant(value)).numpy(), draw(seed, value), f"{size}, {seed}")
+
+
+def test_float64_samples_without_x64_are_float32():
+  """Without x64 a float64 sampler's values come out as float32 (its work stays 64-bit inside),
+  TF's values rounded, and mix with the function's other float32 values."""
+  def fn(x):
+    bounded = RAW.StatelessParameterizedTruncatedNormal(
+        shape=[64], seed=[1, 2], means=tf.constant(0.5, tf.float64), stddevs=tf.constant(2.0, tf.float64),
+        minvals=tf.constant(-1.0, tf.float64), maxvals=tf.constant(1.5, tf.float64))
+    uniform = tf.random.stateless_uniform([64], [3, 4], dtype=tf.float64)
+    return x + tf.cast(bounded, tf.float32), x * tf.cast(uniform, tf.float32)
+  x = np.ones(64, np.float32)
+  jax_fn, params = jaxport.convert(fn, x)
+  for call in (jax_fn, jax.jit(jax_fn)):
+    got = call(params, x)[0]
+    for g, w in zip(got, fn(x)):
+      assert np.asarray(g).dtype == np.float32
+      assert_within_ulp(w.numpy(), g, 2)

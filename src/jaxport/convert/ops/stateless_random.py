@@ -218,8 +218,9 @@ def _check_range(minval, maxval) -> None:
 def _sample(sampler, words, shape, dtype, *args):
   """Runs `sampler(key, counter, n, dtype, *args)` wide and shapes its values."""
   (key, counter), dtype = words, np.dtype(dtype)
+  out_dtype = _canonical(dtype)   # the caller's: float64 is float32 without x64 (not inside wide())
   with ph.wide():
-    return _run_sampler(sampler, shape, dtype, _canonical(dtype), key, counter, *args)
+    return _run_sampler(sampler, shape, dtype, out_dtype, key, counter, *args)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))

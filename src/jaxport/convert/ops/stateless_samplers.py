@@ -486,10 +486,10 @@ def stateless_binomial(ctx, shape, seed, counts, probs):
     return _run_binomial(shape, out_dtype, samples, key, counter, counts, probs)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def _run_truncated_normal(shape, dtype, samples, shard, key, counter, *params):
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
+def _run_truncated_normal(shape, dtype, out_dtype, samples, shard, key, counter, *params):
   values = _truncated_normal(key, counter, params, samples, dtype, shard)
-  return values.reshape(shape).astype(jax.dtypes.canonicalize_dtype(dtype))
+  return values.reshape(shape).astype(out_dtype)
 
 
 @register("StatelessParameterizedTruncatedNormal")
@@ -504,7 +504,7 @@ def stateless_parameterized_truncated_normal(ctx, shape, seed, means, stddevs, m
   key, counter = seed_words(seed)
   params = [jnp.broadcast_to(p, batch).reshape(-1) for p in params]
   with ph.wide():
-    return _run_truncated_normal(shape, dtype, samples, shard, key, counter, *params)
+    return _run_truncated_normal(shape, dtype, _out_dtype(dtype), samples, shard, key, counter, *params)
 
 
 # --------------------------------------------------------------------------- shuffle
