@@ -16,6 +16,19 @@ def kernel_devices(op_type: str) -> frozenset[str]:
   return frozenset(k.device_type for k in found.kernel)
 
 
+def takes_handles(op_type: str) -> bool:
+  """Whether `op_type`'s OpDef has an input or output fixed to a resource or variant (a TF variable,
+  table, generator state or list), which neither TF's XLA lowering of one node nor a host callback
+  can pass (`tensorflow.python.framework.op_def_registry`)."""
+  from tensorflow.core.framework import types_pb2
+  from tensorflow.python.framework import op_def_registry
+  op_def = op_def_registry.get(op_type)
+  if op_def is None:
+    return False
+  return any(arg.type in (types_pb2.DT_RESOURCE, types_pb2.DT_VARIANT)
+             for arg in list(op_def.input_arg) + list(op_def.output_arg))
+
+
 def kernel_dtypes(op_type: str, attr: str = "T", device_type: str = "CPU") -> frozenset[str] | None:
   """Names of the dtypes the `device_type` kernels of `op_type` take for the type attribute `attr`;
   None when a kernel leaves `attr` unconstrained (`tensorflow.python.framework.kernels`)."""

@@ -38,6 +38,12 @@ def has_host_kernel(op_type: str) -> bool:
   return "CPU" in _kernel_devices(op_type) or "DEFAULT" in _kernel_devices(op_type)
 
 
+@functools.lru_cache(maxsize=None)
+def _takes_handles(op_type: str) -> bool:
+  from jaxport.convert import _tf_compat
+  return _tf_compat.takes_handles(op_type)
+
+
 def _forceable(rule: OpRule | None) -> bool:
   return rule is None or not (rule.structural or rule.stateful)
 
@@ -53,6 +59,8 @@ def op_tier(op_type: str, config: Mapping[str, Any]) -> Tier:
       return Tier.CALLBACK
   if rule is not None:
     return rule.tier
+  if _takes_handles(op_type):   # resource or variant operands: only a native rule can take them
+    return Tier.UNSUPPORTED
   if config.get("allow_xla_lowering", True) and has_xla_kernel(op_type):
     return Tier.STABLEHLO
   if config.get("allow_host_callback", True) and has_host_kernel(op_type):
