@@ -89,13 +89,13 @@ def test_ops_where_needs_rng():
   assert not {"Sin", "MatMul", "Const"} & rng_ops
 
 
-def test_ops_where_writes_state_is_exactly_the_assign_training_and_scatter_ops():
+def test_ops_where_writes_state_is_exactly_the_assign_training_scatter_and_generator_ops():
   assigns = {op for op in supported_ops() if re.fullmatch(r"Assign\w*VariableOp", op)}
   assert assigns == {"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"}
   writers = assigns | {op for op in supported_ops()   # TF1 ref forms (`ApplyAdam`, `ScatterAdd`, `Assign`) too
                        if re.fullmatch(r"(Resource)?(Sparse)?Apply\w+|(Resource)?Scatter(Nd)?(Update|Add|Sub|Mul|Div|Max|Min)"
-                                       r"|ResourceStridedSliceAssign|Assign(Add|Sub)?", op)}
-  assert {"ResourceApplyAdam", "ResourceSparseApplyAdagradV2", "ResourceScatterAdd"} <= writers
+                                       r"|ResourceStridedSliceAssign|Assign(Add|Sub)?|Rng(ReadAnd)?Skip", op)}
+  assert {"ResourceApplyAdam", "ResourceSparseApplyAdagradV2", "ResourceScatterAdd", "RngReadAndSkip"} <= writers
   assert ops_where(writes_state=True) == writers
   assert ops_where(writes_state=True, structural=True) == writers
   assert ops_where(writes_state=True, needs_rng=True) == frozenset()

@@ -67,14 +67,18 @@ def philox(xp, counter, key):
 
 
 def skip(xp, counter, offset):
-  """The 128-bit counter advanced by uint64 `offset` (Philox's Skip)."""
+  """The 128-bit counter (four 32-bit words, low first) advanced by uint64 `offset` as TF's
+  PhiloxRandom::Skip does: a carry out of the low word into an offset high word of 0xFFFFFFFF is
+  lost there (its uint32 increment wraps), so it is here."""
   mask, shift = xp.uint64(MASK32), xp.uint64(32)
-  out, carry = [], offset
-  for word in counter:
-    total = word + (carry & mask)
-    out.append(total & mask)
-    carry = (carry >> shift) + (total >> shift)
-  return tuple(out)
+  c0, c1, c2, c3 = counter
+  low, high = offset & mask, offset >> shift
+  t0 = c0 + low
+  high = (high + (t0 >> shift)) & mask
+  t1 = c1 + high
+  t2 = c2 + (t1 >> shift)
+  t3 = c3 + (t2 >> shift)
+  return t0 & mask, t1 & mask, t2 & mask, t3 & mask
 
 
 # --------------------------------------------------------------------------- keys
