@@ -120,9 +120,55 @@ def test_traced_index_in_while_loop():
   check(fn, X, vmap=False, grad=False)   # JAX cannot differentiate a while loop with traced bounds
 
 
-@pytest.mark.parametrize("fn", [lambda x, i: x[i:i + 2], lambda x, i: x[:, i, 1:]])
+WINDOWS = [lambda x, i: x[i:i + 1], lambda x, i: x[:, i:i + 2, 1:], lambda x, i: x[i:i + 1, i + 1:2 + i]]
+
+
+@pytest.mark.parametrize("fn", WINDOWS)
+def test_traced_windows_have_a_static_size(fn):
+  """`x[i : i + k]` with a traced i (a random crop's offsets): the end is the begin plus a constant,
+  so the window's size k is static and it runs under jit, its gradient too."""
+  for i in (0, 1):
+    check(fn, X, np.int32(i), vmap=False)
+
+
+def test_a_traced_window_past_the_end_is_moved_inside_or_checked():
+  """TF shrinks x[i : i + 2] when i + 2 passes the end; a traced window keeps its size, moved inside
+  as lax.dynamic_slice moves it, and `enable_checkify_for_asserts` makes that an error."""
+  fn = lambda x, i: x[i:i + 2]  # noqa: E731
+  jax_fn = jaxport.convert_functional(fn, X, np.int32(0))
+  np.testing.assert_array_equal(jax.jit(jax_fn)(X, np.int32(1)), X[0:2])
+  with jaxport.override_config("enable_checkify_for_asserts", True):
+    checked = jaxport.convert_functional(fn, X, np.int32(0))
+    from jax.experimental import checkify
+    err, _ = checkify.checkify(jax.jit(checked))(X, np.int32(1))
+    with pytest.raises(Exception, match="window of 2 from 1 along dimension 0 leaves its 2 elements"):
+      err.throw()
+    err, _ = checkify.checkify(jax.jit(checked))(X, np.int32(0))
+    err.throw()   # inside: no error
+
+
+def test_traced_windows_in_tf_gradient_graphs_and_assigns():
+  v = tf.Variable(np.zeros_like(X))
+
+  @tf.function
+  def fn(x, i):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = tf.reduce_sum(x[i:i + 1, i:i + 2] ** 2)
+    v[:, i:i + 2].assign(x[:, :2] * 3.0)   # ResourceStridedSliceAssign with a window
+    return tape.gradient(y, x), v.read_value()   # StridedSliceGrad with windows
+
+  i = np.int32(1)
+  jax_fn, params = jaxport.convert(fn, X, i)
+  got, _ = jax.jit(jax_fn)(params, X, i)
+  v.assign(np.zeros_like(X))
+  for g, w in zip(got, fn(X, i)):
+    np.testing.assert_allclose(g, w, rtol=1e-6)
+
+
+@pytest.mark.parametrize("fn", [lambda x, i: x[:i], lambda x, i: x[:, i, 1:i * 2 + 1]])
 def test_traced_range_bounds_raise_clearly(fn):
-  """A range whose bounds arrive in a traced begin/end vector has no static size."""
+  """A range whose size depends on a traced begin or end has no static size."""
   converted_fn = jaxport.convert_functional(fn, X, np.int32(0))
   with pytest.raises(DynamicShapeError, match="StridedSlice node .* needs its `range bounds`") as raised:
     jax.jit(converted_fn)(X, np.int32(0))
@@ -265,3 +311,16 @@ def test_gradient_ops_inside_tf_function():
               tf.reverse_sequence(x, [1, 3], 1, 0), tf.transpose(x, [2, 0, 1]), tf.stack([x, x], 1)]
     return tape.gradient(outs, x)
   check(fn, X)
+
+
+def test_keras_random_crop_in_training_mode_runs_under_jit():
+  """Keras 3's RandomCrop slices at random offsets with a static size: TF's crops, under jit too."""
+  import keras
+  images = np.random.RandomState(1).uniform(0, 1, (2, 16, 16, 3)).astype(np.float32)
+  layer = keras.layers.RandomCrop(12, 12, seed=1)
+  fn = tf.function(lambda v: layer(v, training=True))
+  jax_fn, params = jaxport.convert(fn, images)
+  want = fn(images)   # the layer's seed state advances: the converted calls start from the params' copy
+  for call in (jax_fn, jax.jit(jax_fn)):
+    got, _ = call(params, images)
+    np.testing.assert_array_equal(got, want)

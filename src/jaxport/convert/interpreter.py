@@ -43,6 +43,7 @@ class Runtime:
     self.softmax_logits: dict[int, tuple] = {}   # id(Softmax result) -> (result, logits, keep); ops/softmax_product
     self.deferred: dict[int, tuple] = {}   # id(constant staged for its size) -> (value, thunk of its NumPy value)
     self.offsets: dict[int, tuple] = {}    # id(traced x + constant c) -> (result, x, c); ops/array's Range
+    self.elements: dict[int, tuple] = {}   # id(traced Pack of scalars) -> (result, scalars); StridedSlice
     self.padded: dict[int, padded_rows.Padded] = {}   # id(value) -> how Unique padded it under jit
     self.bounds: dict[int, tuple] = {}     # id(traced int scalar) -> (value, low, high); ops/math's clamps
 
@@ -62,6 +63,7 @@ class Runtime:
                     self.rng if rng is ... else rng, self.custom_gradients, self.segmented)
     child.deferred = self.deferred
     child.offsets = self.offsets
+    child.elements = self.elements
     child.padded = self.padded
     child.bounds = self.bounds
     return child
@@ -152,6 +154,8 @@ def run_node(fn: GraphFunction, node: Node, env: dict, runtime: Runtime) -> None
     raise
   if node.op in ("AddV2", "Add"):
     _note_offset(runtime, inputs, out)
+  elif node.op == "Pack":
+    _note_elements(runtime, inputs, out)
   env[node.name] = tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
@@ -169,6 +173,13 @@ def _note_offset(runtime: Runtime, inputs: list, out) -> None:
   for x, c in (inputs, inputs[::-1]):
     if isinstance(x, jax.Array) and isinstance(c, (np.ndarray, np.generic)) and np.ndim(c) == 0:
       runtime.offsets[id(out)] = (out, x, c)
+
+
+def _note_elements(runtime: Runtime, inputs: list, out) -> None:
+  """Remembers the scalars a traced vector was packed from: a StridedSlice whose end is its traced begin
+  plus a constant (`x[i : i + k]`, a random crop) reads the static size k back."""
+  if isinstance(out, jax.core.Tracer) and np.ndim(out) == 1 and all(np.ndim(x) == 0 for x in inputs):
+    runtime.elements[id(out)] = (out, tuple(inputs))
 
 
 def _call_library_op(ctx: OpContext, *args):

@@ -268,7 +268,12 @@ class _StridedIndex:
   `static` holds ints, slices, None (new axis) and at most one Ellipsis, which
   index exactly like TF's masks. Shrinking axes whose begin is traced are picked
   first with `lax.dynamic_index_in_dim(..., keepdims=True)` and read `0` in
-  `static`.
+  `static`. Range axes whose traced end is their traced begin plus a constant k
+  (`x[i : i + k]`, known from the Pack and AddV2 that made them) are windows of
+  size k, cut with `lax.dynamic_slice_in_dim`, and read `slice(None)` in
+  `static`. A window that would leave the array, which TF shrinks, is moved
+  inside as lax.dynamic_slice moves it (a checkify check with
+  `enable_checkify_for_asserts`).
   """
 
   def __init__(self, ctx, begin, end, strides):
@@ -288,6 +293,7 @@ class _StridedIndex:
 
     self.static: list = []
     self.dynamic_entries: list[tuple[int, object]] = []   # (position in `static`, traced index)
+    self.windows: list[tuple[int, object, int]] = []       # (position in `static`, traced begin, size)
     for i in range(n):
       if ellipsis[i]:
         self.static.append(Ellipsis)
@@ -302,14 +308,21 @@ class _StridedIndex:
           self.dynamic_entries.append((len(self.static), begin[i]))
           self.static.append(0)
       else:
-        if (not begin_static and not begin_mask[i]) or (not end_static and not end_mask[i]):
+        start = None if begin_mask[i] else begin_v[i] if begin_static else _element(ctx, begin, i)
+        stop = None if end_mask[i] else end_v[i] if end_static else _element(ctx, end, i)
+        if isinstance(start, jax.Array) and isinstance(stop, jax.Array) and strides[i] == 1:
+          size = _window_size(ctx, start, stop)
+          if size is not None:
+            self.windows.append((len(self.static), start, size))
+            self.static.append(slice(None))
+            continue
+        if any(v is ... or isinstance(v, jax.Array) for v in (start, stop)):
           error = DynamicShapeError("StridedSlice", ctx.name, "range bounds")
           error.add_note("The bounds of a range slice decide its size; only single-element indexing (`x[i]`, "
-                         "`x[:, i]`) may use traced indices. For a range, use tf.slice with a traced begin and a "
-                         "static size.")
+                         "`x[:, i]`) and windows `x[i : i + k]` may use traced indices. For a range, use tf.slice "
+                         "with a traced begin and a static size.")
           raise error
-        self.static.append(slice(None if begin_mask[i] else begin_v[i],
-                                 None if end_mask[i] else end_v[i], strides[i]))
+        self.static.append(slice(start, stop, strides[i]))
 
   def resolve(self, ctx, shape) -> tuple[list[tuple[int, object]], tuple]:
     """The dynamic picks as (input axis, traced index) and the static index, checked against `shape`."""
@@ -326,7 +339,38 @@ class _StridedIndex:
       if isinstance(entry, int) and pos not in dynamic_positions and not -shape[axis] <= entry < shape[axis]:
         raise InvalidNodeError(f"StridedSlice node {ctx.name!r}: index {entry} is out of bounds for dimension "
                                f"{axis} of size {shape[axis]}")
-    return [(axes[pos], index) for pos, index in self.dynamic_entries], tuple(self.static)
+    for pos, start, size in self.windows:
+      dim = shape[axes[pos]]
+      if size > dim:
+        raise InvalidNodeError(f"StridedSlice node {ctx.name!r}: a window of {size} along dimension {axes[pos]} "
+                               f"of size {dim}")
+      from jaxport.convert.ops.core import runtime_check
+      runtime_check(ctx, (start >= 0) & (start + size <= dim),
+                    f"the window of {size} from {{}} along dimension {axes[pos]} leaves its {dim} elements (TF "
+                    "shrinks such a slice; a traced window keeps its size and is moved inside, as lax.dynamic_slice "
+                    "moves it)", start)
+    windows = [(axes[pos], start, size) for pos, start, size in self.windows]
+    return [(axes[pos], index) for pos, index in self.dynamic_entries], windows, tuple(self.static)
+
+
+def _element(ctx, vector, i: int):
+  """Element i of a traced vector packed from scalars in this trace: an int where it was a constant,
+  the traced scalar otherwise; `...` when the vector's elements are not known."""
+  record = ctx.runtime.elements.get(id(vector))
+  if record is None or record[0] is not vector:
+    return ...
+  value = record[1][i]
+  return int(np.asarray(value)) if is_concrete(value) else value
+
+
+def _window_size(ctx, start, stop) -> int | None:
+  """k when traced `start` and `stop` are one traced scalar plus constants that differ by k >= 0
+  (`x[j + 1 : j + 3]`), else None."""
+  def base(value):   # (x, c) for value = x + c noted by the interpreter, else (value, 0)
+    offset = ctx.runtime.offsets.get(id(value))
+    return (offset[1], int(np.asarray(offset[2]))) if offset is not None and offset[0] is value else (value, 0)
+  (x, low), (y, high) = base(start), base(stop)
+  return high - low if x is y and high >= low else None
 
 
 def _normalized_index(index, dim: int):
@@ -336,9 +380,11 @@ def _normalized_index(index, dim: int):
 
 @register("StridedSlice", size_bounded=True)
 def strided_slice(ctx, x, begin, end, strides):
-  dynamic, index = _StridedIndex(ctx, begin, end, strides).resolve(ctx, np.shape(x))
+  dynamic, windows, index = _StridedIndex(ctx, begin, end, strides).resolve(ctx, np.shape(x))
   for axis, i in dynamic:
     x = lax.dynamic_index_in_dim(x, _normalized_index(i, np.shape(x)[axis]), axis, keepdims=True)
+  for axis, start, size in windows:
+    x = lax.dynamic_slice_in_dim(x, start, size, axis)
   return _as_plain(x[index])
 
 
@@ -346,21 +392,29 @@ def strided_slice(ctx, x, begin, end, strides):
 def strided_slice_grad(ctx, shape_, begin, end, strides, dy):
   """The gradient of StridedSlice: `dy` written into zeros of the input's shape."""
   full_shape = _static(ctx, shape_, "shape")
-  dynamic, index = _StridedIndex(ctx, begin, end, strides).resolve(ctx, full_shape)
-  inner_shape = list(full_shape)
-  for axis, _ in dynamic:
-    inner_shape[axis] = 1
-  if is_concrete(dy) and not dynamic:
+  starts, inner_shape, index = _traced_windows(ctx, begin, end, strides, full_shape)
+  if is_concrete(dy) and not starts:
     out = np.zeros(inner_shape, dtype=np.asarray(dy).dtype)
     out[index] = dy
     return out
   inner = jnp.zeros(inner_shape, dtype=dy.dtype).at[index].set(dy)
-  if not dynamic:
+  if not starts:
     return inner
-  starts = [jnp.zeros((), jnp.int32)] * len(full_shape)
-  for axis, i in dynamic:
-    starts[axis] = _normalized_index(i, full_shape[axis]).astype(jnp.int32)
   return lax.dynamic_update_slice(jnp.zeros(full_shape, dtype=dy.dtype), inner, starts)
+
+
+def _traced_windows(ctx, begin, end, strides, shape):
+  """A StridedSlice spec on `shape` as (the start of the window its traced picks and windows cut, or
+  [] when there are none; that window's shape; the static index into it)."""
+  dynamic, windows, index = _StridedIndex(ctx, begin, end, strides).resolve(ctx, shape)
+  if not dynamic and not windows:
+    return [], list(shape), index
+  starts, window = [jnp.zeros((), jnp.int32)] * len(shape), list(shape)
+  for axis, i in dynamic:
+    starts[axis], window[axis] = _normalized_index(i, shape[axis]).astype(jnp.int32), 1
+  for axis, start, size in windows:
+    starts[axis], window[axis] = jnp.asarray(start).astype(jnp.int32), size
+  return starts, window, index
 
 
 # --------------------------------------------------------------------------- padding

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxport.convert.ops.array import _normalized_index, _StridedIndex
+from jaxport.convert.ops.array import _traced_windows
 from jaxport.convert.ops.gather_scatter import _scatter
 from jaxport.convert.registry import register
 
@@ -56,17 +56,12 @@ def resource_scatter_nd(ctx, ref, indices, updates):
 def resource_strided_slice_assign(ctx, ref, begin, end, strides, value):
   """`var[spec] = value` for a StridedSlice spec (every mask; traced single-element indices too)."""
   var = jnp.asarray(ctx.runtime.read_variable(ref))
-  dynamic, index = _StridedIndex(ctx, begin, end, strides).resolve(ctx, var.shape)
+  starts, sizes, index = _traced_windows(ctx, begin, end, strides, var.shape)
   value = jnp.asarray(value).astype(var.dtype)
-  if not dynamic:
+  if not starts:
     ctx.runtime.assign_variable(ref, var.at[index].set(value))
     return ()
-  # Traced shrinking indices: cut out the size-1 window they pick, assign inside it, put it back.
-  starts = [jnp.zeros((), jnp.int32)] * var.ndim
-  sizes = list(var.shape)
-  for axis, i in dynamic:
-    starts[axis] = _normalized_index(i, var.shape[axis]).astype(jnp.int32)
-    sizes[axis] = 1
+  # Traced indices and windows: cut out the window they pick, assign inside it, put it back.
   window = lax.dynamic_slice(var, starts, sizes).at[index].set(value)
   ctx.runtime.assign_variable(ref, lax.dynamic_update_slice(var, window, starts))
   return ()
