@@ -9,15 +9,10 @@ import tensorflow as tf
 import jaxport
 from jaxport.convert import api, segments
 from jaxport.convert.host_callback import HostCallbackWarning
+from test_eager_jit import _deep
 
 RS = np.random.RandomState(0)
 X = RS.normal(size=(4, 8)).astype(np.float32)
-
-
-def _deep(x, depth=api.EAGER_JIT_MIN_NODES):
-  for i in range(depth):
-    x = tf.tanh(x * (1.0 + 0.01 * i)) + 0.1
-  return x
 
 
 def _masked(x):
