@@ -272,6 +272,13 @@ def test_top_k_sorted_ties_by_index():
   check(lambda x: tf.math.top_k(x, 2), X)
 
 
+def test_signed_zeros_tie_in_top_k_sort_and_stable_argsort():
+  """TF compares with `>`, so -0.0 and 0.0 tie (index order); XLA's sort would put -0.0 first."""
+  x = np.array([[2.0, 0.0, 1.0, -0.0, 2.0, -1.0, 0.0, -0.0], [-0.0, 0.0, -0.0, 0.0, 1.0, 1.0, -2.0, 0.0]], np.float32)
+  check(lambda v: (tf.argsort(v, stable=True), tf.argsort(v, direction="DESCENDING", stable=True)), x, grad=False)
+  check(lambda v: (tf.math.top_k(v, 5), tf.sort(v), tf.sort(v, direction="DESCENDING")), x)
+
+
 def test_top_k_v2_raw():
   check(lambda x: raw.TopKV2(input=x, k=3), X)
   fn = jaxport.convert_functional(lambda x, k: raw.TopKV2(input=x, k=k), X, np.int32(2))
