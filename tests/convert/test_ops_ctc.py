@@ -62,3 +62,17 @@ def test_keras_ctc_as_users_call_it():
     return keras.ops.ctc_decode(x, np.array([12, 7], np.int32), strategy="greedy")
   jax_fn, params = jaxport.convert(decode, logits)
   assert_close(jax_fn(params, logits)[0], tf.function(decode)(logits), 1e-6, 1e-6, "decode")
+
+
+def test_keras3_ctc_loss_whose_functions_call_functions_as_ops():
+  """Keras 3's CTC loss: its graph's `_Wrapper` functions call other library functions as op types,
+  which decoding a FunctionDef must know the signatures of."""
+  import keras
+  rs = np.random.RandomState(3)
+  labels = rs.randint(1, 4, (2, 3)).astype(np.int32)
+  probs = tf.nn.softmax(rs.normal(size=(2, 6, 5)).astype(np.float32)).numpy()
+  fn = tf.function(lambda y, p: keras.losses.CTC()(y, p))
+  calls = {op for f in fn.get_concrete_function(labels, probs).graph.as_graph_def().library.function
+           for op in (n.op for n in f.node_def) if op.startswith("cond_")}
+  assert calls   # the pattern this covers is still there
+  check(fn, labels, probs, vmap=False)

@@ -45,10 +45,22 @@ def kernel_dtypes(op_type: str, attr: str = "T", device_type: str = "CPU") -> fr
   return frozenset(names)
 
 
-def function_def_to_graph_def(fdef):
-  """A FunctionDef as a GraphDef plus its output-name map (`function_def_to_graph`)."""
+def function_def_to_graph_def(fdef, library=None):
+  """A FunctionDef as a GraphDef plus its output-name map (`function_def_to_graph`). `library` (name ->
+  FunctionDef) gives the signatures of functions its nodes call as op types (a `_Wrapper` function
+  calling its body so), which TF looks up in the default graph's functions."""
   from tensorflow.python.framework import function_def_to_graph
-  return function_def_to_graph.function_def_to_graph_def(fdef)
+  called = {n.op for n in fdef.node_def if library is not None and n.op in library}
+  if not called:
+    return function_def_to_graph.function_def_to_graph_def(fdef)
+  import types
+
+  import tensorflow as tf
+  graph = tf.Graph()
+  for name in called:   # what TF reads of a registered function here: its definition
+    graph._functions[name] = types.SimpleNamespace(cached_definition=library[name], grad_func_name=None)  # pylint: disable=protected-access
+  with graph.as_default():
+    return function_def_to_graph.function_def_to_graph_def(fdef)
 
 
 def function_def_to_func_graph(fdef):

@@ -297,7 +297,7 @@ class Library:
     if name not in self._decoded:
       if name not in self._fdefs:
         raise KeyError(f"function {name!r} is not in the graph's library")
-      self._decoded[name] = _decode_function(self._fdefs[name])
+      self._decoded[name] = _decode_function(self._fdefs[name], self._fdefs)
     return self._decoded[name]
 
 
@@ -315,9 +315,9 @@ def _arg_types(fdef) -> tuple:
                for args in (signature.input_arg, signature.output_arg) for arg in args)
 
 
-def _decode_function(fdef) -> GraphFunction:
+def _decode_function(fdef, library: dict) -> GraphFunction:
   from jaxport.convert import _tf_compat
-  graph_def, flat_names = _tf_compat.function_def_to_graph_def(fdef)
+  graph_def, flat_names = _tf_compat.function_def_to_graph_def(fdef, library)
   nodes = decode_nodes(graph_def.node)
   inputs = [arg.name for arg in fdef.signature.input_arg]
   outputs = []
