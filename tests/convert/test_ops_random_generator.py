@@ -117,6 +117,33 @@ def _skip_fn():
 _SKIP_FN = _skip_fn()
 
 
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_stateful_draws_of_older_generators(jit):
+  """The ops older Generators drew with: the V2 stateless draw at the state, then a skip of 256 per value."""
+  v = tf.Variable(np.array([123, 7, 999], np.int64))
+  alg = tf.constant(1, tf.int64)
+
+  @tf.function
+  def fn():
+    return (RAW.StatefulUniform(resource=v.handle, algorithm=alg, shape=[5]),
+            RAW.StatefulStandardNormalV2(resource=v.handle, algorithm=alg, shape=[2, 3]),
+            RAW.StatefulTruncatedNormal(resource=v.handle, algorithm=alg, shape=[4]),
+            RAW.StatefulUniformFullInt(resource=v.handle, algorithm=alg, shape=[3], dtype=tf.uint32),
+            RAW.StatefulUniformInt(resource=v.handle, algorithm=alg, shape=[6], minval=-3, maxval=100))
+
+  jax_fn, params = jaxport.convert(fn)
+  call = jax.jit(jax_fn) if jit else jax_fn
+  for _ in range(2):
+    want = [t.numpy() for t in fn()]
+    got, params = call(params)
+    for i, (w, g) in enumerate(zip(want, got)):
+      if i in (1, 2):
+        assert_within_ulp(w, g, 2)
+      else:
+        np.testing.assert_array_equal(np.asarray(g), w)
+    np.testing.assert_array_equal(params["Variable"], v.numpy())
+
+
 def test_rng_skip_and_auto_select():
   v = tf.Variable(np.array([5, 0, 3], np.int64))
 

@@ -94,7 +94,8 @@ def test_ops_where_writes_state_is_exactly_the_assign_training_scatter_and_gener
   assert assigns == {"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"}
   writers = assigns | {op for op in supported_ops()   # TF1 ref forms (`ApplyAdam`, `ScatterAdd`, `Assign`) too
                        if re.fullmatch(r"(Resource)?(Sparse)?Apply\w+|(Resource)?Scatter(Nd)?(Update|Add|Sub|Mul|Div|Max|Min)"
-                                       r"|ResourceStridedSliceAssign|Assign(Add|Sub)?|Rng(ReadAnd)?Skip", op)}
+                                       r"|ResourceStridedSliceAssign|Assign(Add|Sub)?|Rng(ReadAnd)?Skip"
+                                       r"|Stateful(Uniform(Int|FullInt)?|StandardNormalV2|TruncatedNormal)", op)}
   assert {"ResourceApplyAdam", "ResourceSparseApplyAdagradV2", "ResourceScatterAdd", "RngReadAndSkip"} <= writers
   assert ops_where(writes_state=True) == writers
   assert ops_where(writes_state=True, structural=True) == writers

@@ -1,4 +1,7 @@
-"""Op rules: the state ops of `tf.random.Generator` (RngReadAndSkip, RngSkip).
+"""Op rules: the state ops of `tf.random.Generator` (RngReadAndSkip, RngSkip), and the stateful
+draws older Generators made (StatefulUniform, StatefulUniformInt, StatefulUniformFullInt,
+StatefulStandardNormalV2, StatefulTruncatedNormal: the V2 stateless draw at the state's key and
+counter, then the same skip).
 
 A Generator (and tf_keras' random layers: RandomFlip, RandomRotation, RandomCrop, ... draw from
 one) keeps its Philox state in an int64[3] variable: a 128-bit counter (two words, low first) and
@@ -23,6 +26,7 @@ import numpy as np
 
 from jaxport.convert.ops import philox as ph
 from jaxport.convert.ops._util import is_concrete
+from jaxport.convert.ops import stateless_random as stateless
 from jaxport.convert.ops.stateless_random import _check_alg
 from jaxport.convert.registry import register
 from jaxport.errors import InvalidNodeError, X64NarrowingWarning
@@ -43,6 +47,23 @@ def rng_read_and_skip(ctx, ref, alg, delta):
 def rng_skip(ctx, ref, algorithm, delta):
   ctx.runtime.assign_variable(ref, _skipped(ctx, ctx.runtime.read_variable(ref), algorithm, delta))
   return ()
+
+
+_STATEFUL_DRAWS = {"StatefulUniform": stateless.stateless_uniform_v2,
+                   "StatefulStandardNormalV2": stateless.stateless_normal_v2,
+                   "StatefulTruncatedNormal": stateless.stateless_truncated_normal_v2,
+                   "StatefulUniformFullInt": stateless.stateless_uniform_full_int_v2,
+                   "StatefulUniformInt": stateless.stateless_uniform_int_v2}
+
+
+@register(*_STATEFUL_DRAWS, writes_state=True, structural=True)
+def stateful_draw(ctx, ref, algorithm, shape, *bounds):
+  """The stateless V2 draw at the state's counter (words 0-1) and key (word 2), then the skip."""
+  state = ctx.runtime.read_variable(ref)
+  out = _STATEFUL_DRAWS[ctx.op](ctx, shape, state[2:3], state[:2], algorithm, *bounds)
+  count = np.uint64(np.prod(stateless.sample_shape(shape), dtype=np.uint64))
+  ctx.runtime.assign_variable(ref, _skipped(ctx, state, algorithm, count))
+  return out
 
 
 def _skipped(ctx, state, alg, delta):
