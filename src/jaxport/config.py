@@ -34,8 +34,9 @@ _SCHEMA: dict[str, tuple[Any, Any, str]] = {
     "skip_variables_evaluation_inside_tf_tracing": (
         False, bool, "params are zeros of their variables' shapes, not read from TF (always read as zeros inside a TF trace)"),
     "eager_jit": (True, bool, "a converted function called outside any JAX transformation runs its graph as one "
-                  "jax.jit, compiled once per input shapes (op by op, each op compiles apart), and op by op where "
-                  "that cannot trace (shapes that depend on values); read at call time"),
+                  "jax.jit, compiled once per input shapes (op by op, each op compiles apart), and where that cannot "
+                  "trace (shapes that depend on values) in segments: runs of nodes that trace jitted, the rest op by "
+                  "op; read at call time"),
     # Conversion tiers (see jaxport.convert.tiers).
     "allow_xla_lowering": (True, bool, "ops without a native rule may use TF's XLA lowering"),
     "allow_host_callback": (True, bool, "ops no other tier takes may call TF on the host"),

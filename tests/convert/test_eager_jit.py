@@ -1,5 +1,6 @@
 """Eager calls (outside any JAX transformation) of a graph of EAGER_JIT_MIN_NODES nodes or more run as one
-cached jax.jit (config `eager_jit`), op by op where the graph cannot trace, with the same results."""
+cached jax.jit (config `eager_jit`), in segments where the graph cannot trace (test_segments.py), with the
+same results."""
 import jax
 import numpy as np
 import pytest
