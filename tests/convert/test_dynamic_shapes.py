@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import jaxport
-from jaxport.errors import DynamicShapeError, JaxportError, RunTimeBranchWarning
+from jaxport.errors import DynamicShapeError, JaxportError, RunTimeBranchWarning, UnsupportedValueError
 from oracle import assert_close, check, run_rule
 
 raw = tf.raw_ops
@@ -102,11 +102,17 @@ def test_static_value_helpers():
 
 
 def test_slices_with_bounds_from_inputs():
-  """Range slices whose bounds are inputs: eager calls match TF; jit keeps its clear error."""
+  """Range slices whose bounds are inputs: eager calls match TF. Under jit a window `x[i : i + k]` and a
+  slice whose traced begin elements have static sizes run; a size that depends on the input keeps its
+  clear error."""
   fn = lambda x, i: (x[:, i:i + 2], tf.slice(x, [0, i], [-1, 1]))  # noqa: E731
-  check(fn, X, np.int32(1), jit=False, vmap=False)
-  with pytest.raises(DynamicShapeError, match="StridedSlice node .* needs its `range bounds`"):
-    jax.jit(jaxport.convert_functional(fn, X, np.int32(1)))(X, np.int32(1))
+  check(fn, X, np.int32(1), vmap=False)
+  for sized_by_input, error, message in (
+      (lambda x, i: x[:, i:], DynamicShapeError, "StridedSlice node .* needs its `range bounds`"),
+      (lambda x, i: tf.slice(x, [0, i], [-1, -1]), UnsupportedValueError, "Slice node .* every size must be known")):
+    check(sized_by_input, X, np.int32(1), jit=False, vmap=False)
+    with pytest.raises(error, match=message):
+      jax.jit(jaxport.convert_functional(sized_by_input, X, np.int32(1)))(X, np.int32(1))
 
 
 def _first_rows_sum(x, m):   # a shape from values: tf.range(sum(m)), as Longformer's global attention indices

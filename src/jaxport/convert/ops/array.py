@@ -246,9 +246,12 @@ def slice_(ctx, x, begin, size_):
   sizes = _static(ctx, size_, "size")
   dims = np.shape(x)
   if known_value(begin) is None:
-    if -1 in sizes:
+    # size -1 ("to the end") is static where that begin element is a constant of a packed begin
+    starts = [_element(ctx, begin, i) if s == -1 else None for i, s in enumerate(sizes)]
+    if any(s == -1 and not isinstance(b, int) for s, b in zip(sizes, starts)):
       raise UnsupportedValueError(f"Slice node {ctx.name!r}: with a begin that depends on the inputs, every size must "
                                   f"be known (got {sizes}); the slice size of `x[i:]` is not static")
+    sizes = [d - b if s == -1 else s for s, b, d in zip(sizes, starts, dims)]
     return lax.dynamic_slice(x, [begin[i] for i in range(len(sizes))], sizes)
   starts = _static(ctx, begin, "begin")
   ends = [d if s == -1 else b + s for b, s, d in zip(starts, sizes, dims)]
