@@ -253,7 +253,7 @@ def _constant(leaf) -> bool:
 
 
 def _aval(x) -> tuple:
-  return (np.shape(x), str(x.dtype), getattr(x, "weak_type", False))
+  return (np.shape(x), x.dtype, getattr(x, "weak_type", False))   # the dtype object: str() costs ~3 µs
 
 
 def _classify(leaf) -> tuple:
