@@ -234,8 +234,9 @@ def test_sqrtm_negative_real_eigenvalue_is_nan_per_matrix():
 
 
 def test_sqrtm_small_and_empty():
-  """1x1: sqrt (NaN for a real negative, the principal root for a complex one); 0x0: empty."""
-  real = np.array([[[4.0]], [[-4.0]], [[0.0]]], np.float32)
+  """1x1: sqrt (NaN for a real negative or infinite number, the principal root for a complex one);
+  0x0: empty."""
+  real = np.array([[[4.0]], [[-4.0]], [[0.0]], [[np.inf]], [[-np.inf]], [[np.nan]]], np.float32)
   check(sqrtm, real, grad=False, vmap=False)
   check(sqrtm, np.array([[-4.0 + 0j]], np.complex64), grad=False, vmap=False)
   for shape in [(0, 0), (2, 0, 0)]:

@@ -32,6 +32,8 @@ Known differences from TF:
     to rounding; TF and this rule may pick different ones.
   * TF's gradient of MatrixSquareRoot is wrong for complex inputs (it solves with R^T, not R^H); this
     rule's agrees with finite differences.
+  * A complex 1 x 1 matrix with an infinite part: TF's Schur form gives NaN in some parts (inf + nanj for
+    inf + 0j); this rule gives `sqrt`'s value.
   * With JAX's x64 mode off, 64-bit results are 32-bit.
 """
 from __future__ import annotations
@@ -154,8 +156,9 @@ def matrix_square_root(ctx, a):
   n = a.shape[-1]
   if n == 0 or a.size == 0:
     return a
-  if n == 1:
-    return jnp.sqrt(a)   # a real negative number gives NaN, as TF
+  if n == 1:   # a real negative number gives NaN, and so does a real infinity (TF's Schur form of it)
+    root = jnp.sqrt(a)
+    return root if jnp.iscomplexobj(a) else jnp.where(jnp.isinf(a), jnp.nan, root).astype(a.dtype)
   if a.dtype == jnp.float16:   # no half-precision Schur; TF declares half but has no CPU kernel for it
     return principal_sqrtm(a.astype(jnp.float32)).astype(a.dtype)
   return principal_sqrtm(a)
