@@ -526,3 +526,30 @@ def test_backbone_grad_matches_gradient_tape(name):
   for key, g in expected_grads.items():
     err = _max_error(actual[key], g)
     assert err <= allowed, f"{name}: d/d{key}: max abs error {err:.3g} > {allowed:.3g}"
+
+
+SAMPLERS = ["greedy", "top_k", "top_p", "random", "beam", "contrastive"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampler", sampled([(s, s) for s in SAMPLERS], in_ci=["top_k", "beam"]))
+def test_causal_lm_generate_step_matches_tf_token_for_token(sampler):
+  """`CausalLM.generate_step`, the while loop over a KV cache that keras-hub's `generate` runs, with each
+  sampler: TF's tokens eagerly and under jit, and the sampler's seed state advanced as TF advances it.
+  `top_k` is every CausalLM's default; it draws a position among `top_k(sorted=False)`'s entries."""
+  keras.utils.set_random_seed(0)
+  lm = hub.GPT2CausalLM(backbone=gpt2(), preprocessor=None)
+  lm.compile(sampler=sampler)
+  mask = np.zeros((BATCH, SEQ), bool)
+  mask[0, :5], mask[1, :3] = True, True
+  inputs = {"token_ids": np.random.RandomState(0).randint(1, VOCAB, (BATCH, SEQ)).astype(np.int32),
+            "padding_mask": mask}
+  generate = tf.function(lambda x: lm.generate_step(x, stop_token_ids=None))
+  jax_fn, params = jaxport.convert(generate, inputs)   # before TF's call advances the seed state
+  expected = generate(inputs)
+  for label, run in (("eager", jax_fn), ("jit", jax.jit(jax_fn))):
+    out, new_params = run(params, inputs)
+    for key in expected:
+      np.testing.assert_array_equal(np.asarray(out[key]), expected[key].numpy(), err_msg=f"{label} {key}")
+    for key, var in jax_fn.tf_variables.items():
+      np.testing.assert_array_equal(np.asarray(new_params[key]), var.numpy(), err_msg=f"{label} {key}")

@@ -266,27 +266,6 @@ def test_one_hot_traced_on_off_values():
         np.array([0, 2, 1], np.int32), np.float32(4.0), np.float32(0.5), grad=False)
 
 
-def test_top_k_sorted_ties_by_index():
-  x = np.array([[1.0, 3.0, 3.0, 2.0, 3.0], [0.5, -1.0, 0.5, 0.5, 7.0]], np.float32)
-  check(lambda x: tf.math.top_k(x, 3), x, grad=False)
-  check(lambda x: tf.math.top_k(x, 2), X)
-
-
-def test_signed_zeros_tie_in_top_k_sort_and_stable_argsort():
-  """TF compares with `>`, so -0.0 and 0.0 tie (index order); XLA's sort would put -0.0 first."""
-  x = np.array([[2.0, 0.0, 1.0, -0.0, 2.0, -1.0, 0.0, -0.0], [-0.0, 0.0, -0.0, 0.0, 1.0, 1.0, -2.0, 0.0]], np.float32)
-  check(lambda v: (tf.argsort(v, stable=True), tf.argsort(v, direction="DESCENDING", stable=True)), x, grad=False)
-  check(lambda v: (tf.math.top_k(v, 5), tf.sort(v), tf.sort(v, direction="DESCENDING")), x)
-
-
-def test_top_k_v2_raw():
-  check(lambda x: raw.TopKV2(input=x, k=3), X)
-  fn = jaxport.convert_functional(lambda x, k: raw.TopKV2(input=x, k=k), X, np.int32(2))
-  assert fn(X, np.int32(2))[0].shape == (2, 3, 2)   # eager: k is concrete
-  with pytest.raises(ValueError, match="TopKV2 node .* needs its `k` as a trace-time constant"):
-    jax.jit(fn)(X, np.int32(2))
-
-
 def legacy_graph_function(example, build, op, inputs=1, **attrs):
   """A function whose graph holds `op`, an op TF removed from new graphs (GraphDef version too new).
 
@@ -312,21 +291,6 @@ def legacy_graph_function(example, build, op, inputs=1, **attrs):
   fn = tf.compat.v1.wrap_function(imported, [tf.TensorSpec(np.shape(example), example.dtype)])
   assert op in {n.op for n in fn.graph.as_graph_def().node}
   return fn
-
-
-def test_top_k_v1_matches_top_k_v2():
-  fn = legacy_graph_function(X, lambda x: raw.TopKV2(input=x, k=2, name="legacy"), "TopK", k={"i": 2},
-                             index_type=None, Tk=None)
-  jax_fn, params = jaxport.convert(fn, X)
-  expected = raw.TopKV2(input=X, k=2)
-  assert_close(jax_fn(params, X)[0], list(expected), 0, 0)
-  assert_close(jax.jit(jax_fn)(params, X)[0], list(expected), 0, 0)
-  batched = jax.vmap(lambda x: jax_fn(params, x)[0])(np.stack([X, M]))
-  assert_close(batched, list(raw.TopKV2(input=np.stack([X, M]), k=2)), 0, 0)
-
-
-def test_top_k_unsorted_as_a_set():
-  check(lambda x: tf.math.top_k(tf.math.top_k(x, 3, sorted=False).values, 3).values, X)
 
 
 @pytest.mark.parametrize("op", ["Unique", "UniqueWithCounts"])

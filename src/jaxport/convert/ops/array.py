@@ -536,20 +536,6 @@ def one_hot(ctx, indices, depth, on_value, off_value):
   return m.where(hit, on_value, off_value).astype(_dtype(m, ctx.attr("T")))
 
 
-@register("TopKV2", "TopK", size_bounded=True)
-def top_k(ctx, x, k=None):
-  """Largest `k` along the last axis, ties in index order; `sorted=False` also returns them sorted.
-  -0.0 and 0.0 tie, as TF's `>` compares them (XLA's sort orders -0.0 first; `tf.argsort(stable=True)`
-  is a TopKV2)."""
-  k = _static_int(ctx, k, "k") if k is not None else ctx.attr("k")
-  if not jnp.issubdtype(x.dtype, jnp.floating):
-    values, indices = lax.top_k(x, k)
-    return values, indices.astype(_dtype(jnp, ctx.attr("index_type", np.int32)))
-  _, indices = lax.top_k(jnp.where(x == 0, jnp.zeros((), x.dtype), x), k)
-  values = jnp.take_along_axis(jnp.asarray(x), indices, axis=-1)
-  return values, indices.astype(_dtype(jnp, ctx.attr("index_type", np.int32)))
-
-
 # --------------------------------------------------------------------------- reordering
 
 
