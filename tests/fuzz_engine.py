@@ -309,6 +309,8 @@ INTS = SINTS + UINTS
 REALS = FLOATS + INTS
 ALL_DTYPES = REALS + ("bool", "complex64", "complex128")
 SHAPES = ((), (0,), (1,), (3,), (2, 3), (2, 0, 3), (1, 4, 1))
+C64 = ("complex64",)
+ANY_DTYPES = REALS + ("bool",) + C64
 
 
 def np_dtype(name: str) -> np.dtype:
@@ -375,6 +377,15 @@ def broadcast_partner(rs: np.random.RandomState, shape) -> tuple:
 
 def sample(rs, seq):
   return seq[rs.randint(len(seq))]
+
+
+def random_shape(rs):
+  return sample(rs, SHAPES)
+
+
+def random_data(rs, shape, dtype=None):
+  """Values of `shape` (a dtype drawn from every kind when not given), edge values in 30% of draws."""
+  return fill(rs, dtype or sample(rs, ANY_DTYPES), shape, rs.rand() < 0.3)
 
 
 def report() -> str:
