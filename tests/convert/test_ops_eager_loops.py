@@ -70,3 +70,23 @@ def test_simulating_a_trip_count_assigns_no_variable():
       np.asarray(params[key]))
   grad = jax.grad(lambda x: jax_fn(params, x)[0].sum())(x)
   np.testing.assert_allclose(np.asarray(grad), np.full(3, 16.0))
+
+
+def test_a_loop_that_runs_in_python_is_not_traced_as_a_lax_loop_again(monkeypatch):
+  """A loop whose carry grows each step (a decoder's cache) runs step by step in Python. Its eager
+  calls remember that per node and carry shapes: a later call goes straight to the Python loop (the
+  failed lax trace was more than half of a warm Model Garden beam-search call); new shapes try again."""
+  @tf.function
+  def grow(x, n):
+    return tf.while_loop(lambda i, acc: i < n, lambda i, acc: (i + 1, tf.concat([acc, acc[-1:] * 2.0], 0)),
+                         [tf.constant(0), x], shape_invariants=[tf.TensorShape([]), tf.TensorShape([None])])[1]
+  jax_fn, params = jaxport.convert(grow, tf.TensorSpec([None], tf.float32), tf.TensorSpec([], tf.int32))
+  attempts = []
+  real = control_flow._eager_loop
+  monkeypatch.setattr(control_flow, "_eager_loop", lambda *a: attempts.append(1) or real(*a))
+  for x, n, tried in [([1.0], 3, True), ([2.0], 5, False), ([1.0, 3.0], 2, True)]:
+    x, n = np.asarray(x, np.float32), np.int32(n)
+    before = len(attempts)
+    out, _ = jax_fn(params, x, n)
+    np.testing.assert_array_equal(np.asarray(out), grow(x, n).numpy())
+    assert (len(attempts) > before) == tried   # the second call reuses the first's finding

@@ -199,13 +199,21 @@ def while_loop(ctx, *loop_vars):
   loop = _LaxLoop(cond_fn, run_body, keep, loop_vars, dyn_idx, body_writes, trips)
   init_dyn = [_as_carry(loop_vars[i]) for i in dyn_idx]
   state0 = runtime.state if body_writes else {}
-  try:
-    dyn, state = _eager_loop(ctx, loop, init_dyn, state0)
-  except Exception as e:  # noqa: BLE001 -- shapes that change per step, or that need a loop variable's value
-    if not needs_python_loop(e):
-      raise
+  python_key = _python_loop_key(ctx, loop, init_dyn)
+  python_loops = runtime.library.memo.setdefault("python_loops", {})
+  cause = python_loops.get(python_key) if python_key is not None else None
+  if cause is None:
+    try:
+      dyn, state = _eager_loop(ctx, loop, init_dyn, state0)
+    except Exception as e:  # noqa: BLE001 -- shapes that change per step, or that need a loop variable's value
+      if not needs_python_loop(e):
+        raise
+      cause = e.with_traceback(None)
+      if python_key is not None:
+        python_loops[python_key] = cause
+  if cause is not None:
     iteration_rng = loop.iteration_rng(runtime.rng)
-    return _python_while(ctx.name, runtime, cond_fn, run_body, keep, loop_vars, trips, iteration_rng, e)
+    return _python_while(ctx.name, runtime, cond_fn, run_body, keep, loop_vars, trips, iteration_rng, cause)
   if body_writes:
     runtime.state.update(state)
   return loop.full_args(dyn)
@@ -280,6 +288,16 @@ def _eager_loop(ctx, loop: _LaxLoop, init_dyn, state0):
   except Exception:  # noqa: BLE001 -- e.g. a body needing concrete values: the loop runs as before
     cache[key] = None
     return loop(runtime, init_dyn, state0)
+
+
+def _python_loop_key(ctx, loop: _LaxLoop, init_dyn):
+  """The key under which an eager call remembers that this loop, with these carries, runs in Python:
+  later calls skip the lax loop's trace, which would fail the same way (`None`: not remembered)."""
+  key = _eager_loop_key(ctx, loop)
+  leaves = jax.tree.leaves(init_dyn)
+  if key is None or any(isinstance(x, jax.core.Tracer) for x in leaves):
+    return None
+  return key, jax.tree.structure(init_dyn), tuple((np.shape(x), np.result_type(x)) for x in leaves)
 
 
 def _eager_loop_key(ctx, loop: _LaxLoop):
