@@ -15,7 +15,7 @@ from jaxport import config as _config
 from jaxport.call_forms import CallForms
 from jaxport.convert import custom_gradient
 from jaxport.convert.graph import GraphFunction, Library, decode_nodes, numpy_dtype, storage_array
-from jaxport.convert.interpreter import Runtime, VariableRef, run_function
+from jaxport.convert.interpreter import Runtime, VariableRef, has_tracers, run_function
 from jaxport.convert.tables import TableRef
 from jaxport.convert.ops._util import has_symbolic, stage_dims
 from jaxport.convert.registry import Tier, get_rule, ops_where
@@ -129,7 +129,7 @@ class ConvertedFunction(CallForms):
     traced (shapes that depend on values) runs in segments: each run of nodes that traces as one jit,
     the nodes that need values op by op (`segments.py`). `eager_jit=False`: all op by op."""
     if (self._config["eager_jit"] and _config.get_config("eager_jit") and self._worth_one_jit()
-        and not _traced(inputs, state, rng)):
+        and not has_tracers(inputs, state, rng)):
       key = _shapes_key(inputs, state, rng)
       if key not in self._op_by_op:
         try:
@@ -689,11 +689,6 @@ def get_unsupported_operations(op_names) -> set[str]:
 
 
 EAGER_JIT_MIN_NODES = 32   # live nodes (with the functions they call) from which an eager call runs as one jit
-
-
-def _traced(*values) -> bool:
-  """Whether any leaf of `values` is a JAX tracer (the call is inside jit, grad, vmap, ...)."""
-  return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(values))
 
 
 def _shapes_key(*values) -> tuple:

@@ -117,7 +117,7 @@ def run_function(fn: GraphFunction, args: list, runtime: Runtime) -> list:
   if len(args) != len(fn.inputs):
     raise ValueError(f"function {fn.name!r} takes {len(fn.inputs)} inputs, got {len(args)}")
   env: dict[str, tuple] = {name: (value,) for name, value in zip(fn.inputs, args)}
-  if runtime.segmented and not _traced(args, runtime):
+  if runtime.segmented and not has_tracers(args, list(runtime.state.values()), runtime.rng):
     segments.run(fn, env, runtime, run_node)
   else:
     schedule, _ = fn.schedule()
@@ -159,9 +159,8 @@ def run_node(fn: GraphFunction, node: Node, env: dict, runtime: Runtime) -> None
   env[node.name] = tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
-def _traced(args: list, runtime: Runtime) -> bool:
-  """Whether the function runs inside a JAX trace (its arguments, variables or key are tracers)."""
-  values = (args, list(runtime.state.values()), runtime.rng)
+def has_tracers(*values) -> bool:
+  """Whether any leaf of `values` is a JAX tracer (the call is inside jit, grad, vmap, ...)."""
   return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(values))
 
 

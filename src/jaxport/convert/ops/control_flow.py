@@ -21,7 +21,7 @@ from jax import lax
 
 from jaxport.convert import export_marks
 from jaxport.convert.graph import GraphFunction
-from jaxport.convert.interpreter import Runtime, VariableRef, is_handle, run_function
+from jaxport.convert.interpreter import Runtime, VariableRef, has_tracers, is_handle, run_function
 from jaxport.convert.ops._loops import live_loop_vars, needs_python_loop, pruned, python_loop, used_outputs
 from jaxport.convert.ops._trip_count import closed_form_trip_count
 from jaxport.convert.ops._util import is_concrete, jax_dtype, known_value
@@ -267,9 +267,8 @@ def _eager_loop(ctx, loop: _LaxLoop, init_dyn, state0):
   vars: lax loops outside jit retrace and recompile their body on every call, as each call's body is a
   new closure. Variables and the rng are arguments of the cached function, never its constants."""
   runtime = ctx.runtime
-  leaves = jax.tree.leaves((init_dyn, runtime.state, runtime.rng))
   key = _eager_loop_key(ctx, loop)
-  if key is None or any(isinstance(x, jax.core.Tracer) for x in leaves):
+  if key is None or has_tracers(init_dyn, runtime.state, runtime.rng):
     return loop(runtime, init_dyn, state0)
   cache = runtime.library.memo.setdefault("eager_loops", {})
   if key not in cache:
@@ -294,9 +293,9 @@ def _python_loop_key(ctx, loop: _LaxLoop, init_dyn):
   """The key under which an eager call remembers that this loop, with these carries, runs in Python:
   later calls skip the lax loop's trace, which would fail the same way (`None`: not remembered)."""
   key = _eager_loop_key(ctx, loop)
-  leaves = jax.tree.leaves(init_dyn)
-  if key is None or any(isinstance(x, jax.core.Tracer) for x in leaves):
+  if key is None or has_tracers(init_dyn):
     return None
+  leaves = jax.tree.leaves(init_dyn)
   return key, jax.tree.structure(init_dyn), tuple((np.shape(x), np.result_type(x)) for x in leaves)
 
 

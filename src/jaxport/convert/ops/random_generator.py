@@ -27,7 +27,7 @@ import numpy as np
 from jaxport.convert.ops import philox as ph
 from jaxport.convert.ops._util import is_concrete
 from jaxport.convert.ops import stateless_random as stateless
-from jaxport.convert.ops.stateless_random import _check_alg
+from jaxport.convert.ops.stateless_random import check_alg
 from jaxport.convert.registry import register
 from jaxport.errors import InvalidNodeError, X64NarrowingWarning
 
@@ -68,7 +68,7 @@ def stateful_draw(ctx, ref, algorithm, shape, *bounds):
 
 def _skipped(ctx, state, alg, delta):
   """`state` with its counter advanced by delta * 256 (mod 2**64) as TF's PhiloxRandom::Skip does."""
-  _check_alg(alg)
+  check_alg(alg)
   if np.shape(state) != (_STATE_WORDS,):
     raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: a Philox generator state has shape [{_STATE_WORDS}], "
                            f"got {list(np.shape(state))}")

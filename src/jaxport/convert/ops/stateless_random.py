@@ -80,14 +80,14 @@ def seed_words(seed):
 
 
 def v2_words(key, counter, alg):
-  _check_alg(alg)
+  check_alg(alg)
   with ph.wide():
     if is_concrete(key) and is_concrete(counter):
       return ph.v2_key_counter(np, key, counter)
     return _v2_key_counter(jnp.asarray(key), jnp.asarray(counter))
 
 
-def _check_alg(alg) -> None:
+def check_alg(alg) -> None:
   if not is_concrete(alg):
     return   # a traced alg: Philox, what TF's CPU kernels run for 1 and 3
   value = int(np.asarray(alg))
