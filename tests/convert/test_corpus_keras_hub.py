@@ -529,27 +529,36 @@ def test_backbone_grad_matches_gradient_tape(name):
 
 
 SAMPLERS = ["greedy", "top_k", "top_p", "random", "beam", "contrastive"]
+GENERATORS = {   # name -> (task, backbone builder)
+    "gpt2": (hub.GPT2CausalLM, gpt2), "gemma3": (hub.Gemma3CausalLM, gemma3), "mixtral": (hub.MixtralCausalLM, mixtral),
+    "qwen3_5": (hub.Qwen3_5CausalLM, qwen3_5), "gpt_oss": (hub.GptOssCausalLM, gpt_oss), "t5": (hub.T5Seq2SeqLM, t5),
+}
+_GENERATE_CASES = [(f"gpt2-{s}", ("gpt2", s)) for s in SAMPLERS] + [
+    (f"{name}-top_k", (name, "top_k")) for name in GENERATORS if name != "gpt2"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sampler", sampled([(s, s) for s in SAMPLERS], in_ci=["top_k", "beam"]))
-def test_causal_lm_generate_step_matches_tf_token_for_token(sampler):
-  """`CausalLM.generate_step`, the while loop over a KV cache that keras-hub's `generate` runs, with each
-  sampler: TF's tokens eagerly and under jit, and the sampler's seed state advanced as TF advances it.
-  `top_k` is every CausalLM's default; it draws a position among `top_k(sorted=False)`'s entries."""
+@pytest.mark.parametrize("case", sampled(_GENERATE_CASES, in_ci=["gpt2-top_k", "gpt2-beam"]))
+def test_generate_step_matches_tf_token_for_token(case):
+  """`generate_step`, the while loop over a KV cache that keras-hub's `generate` runs, with each sampler:
+  TF's tokens eagerly and under jit, and the sampler's seed state advanced as TF advances it. `top_k` is
+  every task's default; it draws a position among `top_k(sorted=False)`'s entries."""
+  name, sampler = case
+  task, build = GENERATORS[name]
   keras.utils.set_random_seed(0)
-  lm = hub.GPT2CausalLM(backbone=gpt2(), preprocessor=None)
+  backbone = build()
+  lm = task(backbone=backbone, preprocessor=None)
   lm.compile(sampler=sampler)
-  mask = np.zeros((BATCH, SEQ), bool)
-  mask[0, :5], mask[1, :3] = True, True
-  inputs = {"token_ids": np.random.RandomState(0).randint(1, VOCAB, (BATCH, SEQ)).astype(np.int32),
-            "padding_mask": mask}
+  inputs = _fill(backbone)
+  for key in [k for k in inputs if k.endswith("padding_mask") and k != "encoder_padding_mask"]:
+    inputs[key] = np.zeros_like(inputs[key])
+    inputs[key][0, :5], inputs[key][1, :3] = 1, 1   # prompts of 5 and 3 tokens
   generate = tf.function(lambda x: lm.generate_step(x, stop_token_ids=None))
   jax_fn, params = jaxport.convert(generate, inputs)   # before TF's call advances the seed state
   expected = generate(inputs)
   for label, run in (("eager", jax_fn), ("jit", jax.jit(jax_fn))):
     out, new_params = run(params, inputs)
     for key in expected:
-      np.testing.assert_array_equal(np.asarray(out[key]), expected[key].numpy(), err_msg=f"{label} {key}")
+      np.testing.assert_array_equal(np.asarray(out[key]), np.asarray(expected[key]), err_msg=f"{label} {key}")
     for key, var in jax_fn.tf_variables.items():
       np.testing.assert_array_equal(np.asarray(new_params[key]), var.numpy(), err_msg=f"{label} {key}")
