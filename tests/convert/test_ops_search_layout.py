@@ -210,3 +210,47 @@ def test_nth_element_ints_and_refusal():
   jax_fn, params = jaxport.convert(tf.function(lambda v, k: raw.NthElement(input=v, n=k)), normal(2, 3), np.int32(1))
   with pytest.raises(jaxport.errors.InvalidNodeError, match=r"n must be in \[0, 3\)"):
     jax_fn(params, normal(2, 3), np.int32(3))
+
+
+# --------------------------------------------------------------------------- HistogramFixedWidth
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
+def test_histogram_fixed_width(dtype):
+  values = np.array([-5, 0, 1, 2, 3, 4, 5, 7, 8, 9, 100, 3, 6], dtype)
+  for value_range, nbins in [([0, 8], 4), ([1, 6], 3), ([-3, 50], 7)]:
+    check(lambda v: tf.histogram_fixed_width(v, np.array(value_range, dtype), nbins=nbins), values)
+  check(lambda v: tf.histogram_fixed_width(v, np.array([0, 8], dtype), nbins=5, dtype=tf.int64), values)
+
+
+def test_histogram_values_on_the_bin_edges_land_where_tf_puts_them():
+  """Bins come from TF's float64 division of the float32 offset: each float32 neighbour of every edge,
+  and infinities, in TF's bin, also without x64."""
+  lo, hi, nbins = np.float32(-0.7), np.float32(2.3), 7
+  edges = lo + (hi - lo) * np.arange(nbins + 1, dtype=np.float32) / nbins
+  near = np.concatenate([np.nextafter(edges, -np.inf), edges, np.nextafter(edges, np.inf), [np.inf, -np.inf]])
+  check(lambda v: tf.histogram_fixed_width(v, [lo, hi], nbins=nbins), near.astype(np.float32))
+  check(lambda v, r: tf.histogram_fixed_width(v, r, nbins=3), np.float32([0.1, 0.5, 0.9]), np.float32([0, 1]))
+
+
+def test_histogram_refuses_what_tf_refuses():
+  """A value_range that is not increasing, and NaN values when seen (an eager call), as TF's kernel."""
+  fn, params = jaxport.convert(lambda v: tf.histogram_fixed_width(v, [1.0, 0.0], nbins=3), np.float32([0.5]))
+  with pytest.raises(jaxport.errors.InvalidNodeError, match=r"value_range\[0\] < value_range\[1\]"):
+    fn(params, np.float32([0.5]))
+  fn, params = jaxport.convert(lambda v: tf.histogram_fixed_width(v, [0.0, 1.0], nbins=3), np.float32([0.5]))
+  with pytest.raises(jaxport.errors.InvalidNodeError, match="NaN"):
+    fn(params, np.float32([np.nan]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(-4, 4, width=32), min_size=1, max_size=30), st.floats(-2, 1, width=32),
+       st.floats(2.0 ** -10, 3, width=32), st.integers(1, 9))
+def test_any_values_and_range_bin_as_tf(values, lo, width, nbins):
+  values = np.array(values, np.float32)
+  value_range = np.array([lo, np.float32(lo) + np.float32(width)], np.float32)
+  if not value_range[0] < value_range[1]:
+    return
+  expected = tf.histogram_fixed_width(values, value_range, nbins=nbins).numpy()
+  actual = run_rule("HistogramFixedWidth", values, value_range, np.int32(nbins), dtype=np.int32)
+  np.testing.assert_array_equal(np.asarray(actual), expected)
