@@ -1,5 +1,7 @@
 """Searches (LowerBound, UpperBound, Bucketize, InTopK, NthElement, ListDiff), space/depth layout ops,
-image patches, bincounts and in-place row updates against TF."""
+image and volume patches, bincounts, fixed-width histograms and in-place row updates against TF."""
+import math
+
 import jax
 import numpy as np
 import pytest
@@ -130,6 +132,30 @@ def test_extract_image_patches_int_and_empty():
                                            rates=[1, 1, 1, 1], padding="SAME"),
                    raw.ExtractImagePatches(images=x, ksizes=[1, 2, 2, 1], strides=[1, 1, 1, 1],
                                            rates=[1, 3, 1, 1], padding="VALID")), images)
+
+
+def test_extract_volume_patches():
+  """Both paddings, strided, with grad and vmap (was a host callback)."""
+  fn = lambda x: (  # noqa: E731
+      raw.ExtractVolumePatches(input=x, ksizes=[1, 2, 3, 2, 1], strides=[1, 1, 2, 1, 1], padding="SAME"),
+      raw.ExtractVolumePatches(input=x, ksizes=[1, 3, 2, 2, 1], strides=[1, 2, 1, 3, 1], padding="VALID"))
+  check(fn, normal(2, 4, 5, 6, 2))
+
+
+@settings(max_examples=20, deadline=None)
+@given(size=st.tuples(st.integers(1, 4), st.integers(1, 4), st.integers(1, 4)),
+       k=st.tuples(st.integers(1, 3), st.integers(1, 3), st.integers(1, 3)),
+       s=st.tuples(st.integers(1, 3), st.integers(1, 3), st.integers(1, 3)), padding=st.sampled_from(["SAME", "VALID"]))
+def test_extract_volume_patches_geometry(size, k, s, padding):
+  volumes = np.arange(math.prod(size) * 2, dtype=np.float32).reshape(1, *size, 2)
+  attrs = dict(ksizes=[1, *k, 1], strides=[1, *s, 1], padding=padding)
+  try:
+    expected = raw.ExtractVolumePatches(input=volumes, **attrs).numpy()
+  except tf.errors.InvalidArgumentError:
+    with pytest.raises(ValueError, match="negative"):
+      run_rule("ExtractVolumePatches", volumes, **attrs)
+    return
+  np.testing.assert_array_equal(run_rule("ExtractVolumePatches", volumes, **attrs), expected)
 
 
 # --------------------------------------------------------------------------- counting

@@ -1,5 +1,5 @@
 """Op rules: moving data between space and depth (DepthToSpace, SpaceToDepth) and
-image patches (ExtractImagePatches).
+image and volume patches (ExtractImagePatches, ExtractVolumePatches).
 
 All rules are reshapes, transposes and strided slices, so they keep NumPy constants
 NumPy and work for every dtype. Differences from TF: `data_format="NCHW_VECT_C"` is
@@ -72,17 +72,27 @@ def _window_geometry(size: int, k: int, stride: int, rate: int, padding: str) ->
 @register("ExtractImagePatches")
 def extract_image_patches(ctx, images):
   """[B, H, W, C] -> [B, rows, cols, kr*kc*C]: each patch flattened row, column, then channel."""
-  _, kr, kc, _ = ctx.attr("ksizes")
-  _, sr, sc, _ = ctx.attr("strides")
-  _, rr, rc, _ = ctx.attr("rates")
+  return _patches(ctx, images, ctx.attr("ksizes")[1:-1], ctx.attr("strides")[1:-1], ctx.attr("rates")[1:-1])
+
+
+@register("ExtractVolumePatches")
+def extract_volume_patches(ctx, volumes):
+  """[B, P, H, W, C] -> [B, planes, rows, cols, kp*kr*kc*C]: each patch flattened plane, row, column,
+  then channel."""
+  return _patches(ctx, volumes, ctx.attr("ksizes")[1:-1], ctx.attr("strides")[1:-1], (1, 1, 1))
+
+
+def _patches(ctx, x, sizes, strides, rates):
+  """The patches of `x` [B, *spatial, C], one output position per window, flattened window-major."""
   padding = text(ctx.attr("padding"))
-  b, h, w, c = np.shape(images)
-  rows, top, bottom = _window_geometry(h, kr, sr, rr, padding)
-  cols, left, right = _window_geometry(w, kc, sc, rc, padding)
-  m = xp(images)
-  padded = m.pad(images, ((0, 0), (top, bottom), (left, right), (0, 0)))
-  if rows == 0 or cols == 0:
-    return m.zeros((b, rows, cols, kr * kc * c), dtype=padded.dtype)
-  taps = [padded[:, i * rr:i * rr + (rows - 1) * sr + 1:sr, j * rc:j * rc + (cols - 1) * sc + 1:sc, :]
-          for i in range(kr) for j in range(kc)]
-  return m.reshape(m.stack(taps, axis=3), (b, rows, cols, kr * kc * c))
+  geometry = [_window_geometry(n, k, s, r, padding) for n, k, s, r in zip(np.shape(x)[1:-1], sizes, strides, rates)]
+  m = xp(x)
+  padded = m.pad(x, ((0, 0), *((before, after) for _, before, after in geometry), (0, 0)))
+  outs = [out for out, _, _ in geometry]
+  b, c = np.shape(x)[0], np.shape(x)[-1]
+  if 0 in outs:
+    return m.zeros((b, *outs, math.prod(sizes) * c), dtype=padded.dtype)
+  taps = [padded[(slice(None), *(slice(o * r, o * r + (n - 1) * s + 1, s)
+                                 for o, r, n, s in zip(offsets, rates, outs, strides)), slice(None))]
+          for offsets in np.ndindex(*sizes)]
+  return m.reshape(m.stack(taps, axis=-2), (b, *outs, math.prod(sizes) * c))
