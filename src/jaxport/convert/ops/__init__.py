@@ -3,7 +3,8 @@ from jaxport.convert.ops import bessel, fft, linalg_decompose, linalg_special  #
 from jaxport.convert.ops import detection, fractional_pool, image_color, image_transform  # noqa: F401
 from jaxport.convert.ops import stateless_random, stateless_samplers  # noqa: F401
 from jaxport.convert.ops import v1_control, v1_state, v1_tensor_array  # noqa: F401
-from jaxport.convert.ops import counting, ctc, inplace, layout, morphology, search, segment, unique  # noqa: F401
+from jaxport.convert.ops import counting, ctc, inplace, isotonic, layout, morphology, search  # noqa: F401
+from jaxport.convert.ops import segment, unique  # noqa: F401
 from jaxport.convert.ops import lookup, ragged, rnn_cells, sparse, sparse_segment, sparse_structure  # noqa: F401
 from jaxport.convert.ops import feature_cross, quantization, random_generator, string_hash, top_k  # noqa: F401
 from jaxport.convert.ops import (array, control_flow, core, gather_scatter, image, linalg, math,  # noqa: F401
