@@ -59,9 +59,10 @@ class _Heap:
   equal and NaN entries land where TF's do.
 
   The heap is two short vectors read and written through one-hot masks, and each algorithm's loop is
-  unrolled to the heap's depth (a step past its end changes nothing). XLA:CPU then fuses a heap update
-  into a few loop kernels: one `jnp` op per read or write compiled to hundreds of kernels, each taking its
-  own memory mappings (a process has ~65k; a few hundred shapes exhausted them)."""
+  unrolled to the heap's depth (a step past its end changes nothing). On XLA:CPU that ran 4x faster than
+  nested while loops over gathers (4 x 50,000 entries, k = 5: 1.3 vs 5.3 ms; TF 0.5 ms). Each shape
+  compiles to ~70 fusions, ~200 of a process's ~65k memory mappings, so the replay is one jit per shape.
+  """
 
   def __init__(self, row, k: int):
     self.row, self.k = row, k
