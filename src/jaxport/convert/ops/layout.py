@@ -78,21 +78,25 @@ def extract_image_patches(ctx, images):
 @register("ExtractVolumePatches")
 def extract_volume_patches(ctx, volumes):
   """[B, P, H, W, C] -> [B, planes, rows, cols, kp*kr*kc*C]: each patch flattened plane, row, column,
-  then channel."""
-  return _patches(ctx, volumes, ctx.attr("ksizes")[1:-1], ctx.attr("strides")[1:-1], (1, 1, 1))
+  then channel. Unlike ExtractImagePatches, TF's SAME padding here may be negative (Eigen's volume
+  patches): where the windows span less than the input, they start half the span left over in."""
+  return _patches(ctx, volumes, ctx.attr("ksizes")[1:-1], ctx.attr("strides")[1:-1], (1, 1, 1), centred=True)
 
 
-def _patches(ctx, x, sizes, strides, rates):
+def _patches(ctx, x, sizes, strides, rates, centred=False):
   """The patches of `x` [B, *spatial, C], one output position per window, flattened window-major."""
   padding = text(ctx.attr("padding"))
-  geometry = [_window_geometry(n, k, s, r, padding) for n, k, s, r in zip(np.shape(x)[1:-1], sizes, strides, rates)]
+  spatial = np.shape(x)[1:-1]
+  geometry = [_window_geometry(n, k, s, r, padding) for n, k, s, r in zip(spatial, sizes, strides, rates)]
+  outs = [out for out, _, _ in geometry]
+  shifts = [max((n - (out - 1) * s - (k - 1) * r - 1) // 2, 0) if centred and padding == "SAME" and out else 0
+            for n, out, k, s, r in zip(spatial, outs, sizes, strides, rates)]
   m = xp(x)
   padded = m.pad(x, ((0, 0), *((before, after) for _, before, after in geometry), (0, 0)))
-  outs = [out for out, _, _ in geometry]
   b, c = np.shape(x)[0], np.shape(x)[-1]
   if 0 in outs:
     return m.zeros((b, *outs, math.prod(sizes) * c), dtype=padded.dtype)
-  taps = [padded[(slice(None), *(slice(o * r, o * r + (n - 1) * s + 1, s)
-                                 for o, r, n, s in zip(offsets, rates, outs, strides)), slice(None))]
+  taps = [padded[(slice(None), *(slice(h + o * r, h + o * r + (n - 1) * s + 1, s)
+                                 for h, o, r, n, s in zip(shifts, offsets, rates, outs, strides)), slice(None))]
           for offsets in np.ndindex(*sizes)]
   return m.reshape(m.stack(taps, axis=-2), (b, *outs, math.prod(sizes) * c))
