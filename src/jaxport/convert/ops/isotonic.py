@@ -5,7 +5,8 @@ TF's kernel pools adjacent violators (PAVA): each entry starts a pool, and while
 exceeds the one before, the two merge (sum and count added, the mean recomputed as sum / count in the
 output dtype). Each entry then takes its pool's mean, and its pool's index as its segment. This rule runs
 the same steps in the same order, so means and segments are TF's, ties included. Its derivative is TF's
-gradient: each output's tangent is the mean of its segment's input tangents.
+gradient: each output's tangent is the mean of its segment's input tangents (marked for export, so a
+loaded artifact differentiates the same way rather than through the loops).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxport.convert import export_marks
 from jaxport.convert.registry import register
 
 
@@ -25,7 +27,7 @@ def isotonic_regression(ctx, x):
   if x.ndim == 0 or x.size == 0:
     return x.astype(out_dtype), jnp.zeros(x.shape, jnp.int32)
   rows = x.reshape(-1, x.shape[-1]).astype(out_dtype)
-  fitted, segments = _fit(rows)
+  fitted, segments = _fit_marked(rows)
   return fitted.reshape(x.shape), segments.reshape(x.shape)
 
 
@@ -39,6 +41,9 @@ def _fit_jvp(primals, tangents):
   (rows,), (d_rows,) = primals, tangents
   fitted, segments = _fit(rows)
   return (fitted, segments), (_segment_means(d_rows, segments), jnp.zeros(segments.shape, jax.dtypes.float0))
+
+
+_fit_marked = export_marks.marked("isotonic_regression")(_fit)   # an artifact keeps the derivative
 
 
 def _segment_means(rows, segments):
