@@ -7,7 +7,8 @@ import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oracle import check, run_rule
+import jaxport
+from oracle import check, run_rule, through_artifact
 
 raw = tf.raw_ops
 rs = np.random.RandomState(0)
@@ -50,3 +51,19 @@ def test_any_row_fits_as_tf(values):
   out, segments = run_rule("IsotonicRegression", x, output_dtype=np.float32)
   np.testing.assert_array_equal(np.asarray(out), expected.output.numpy())
   np.testing.assert_array_equal(np.asarray(segments), expected.segments.numpy())
+
+
+def test_isotonic_regression_gradient_survives_export():
+  """The derivative is marked for export: the loaded artifact's gradient is TF's, not a failure to
+  differentiate the loops."""
+  x = rs.normal(size=(3, 7)).astype(np.float32)
+  weights = rs.normal(size=(3, 7)).astype(np.float32)
+  fn = lambda x: tf.nn.isotonic_regression(x)[0]  # noqa: E731
+  jax_fn, params = jaxport.convert(fn, x)
+  loaded, loaded_params = through_artifact(jax_fn, params, (x,))
+  grad = jax.grad(lambda v: (loaded(loaded_params, v)[0] * weights).sum())(x)
+  xt = tf.constant(x)
+  with tf.GradientTape() as tape:
+    tape.watch(xt)
+    loss = tf.reduce_sum(fn(xt) * weights)
+  np.testing.assert_allclose(np.asarray(grad), tape.gradient(loss, xt).numpy(), rtol=1e-6, atol=1e-7)
