@@ -199,12 +199,13 @@ def while_loop(ctx, *loop_vars):
   loop = _LaxLoop(cond_fn, run_body, keep, loop_vars, dyn_idx, body_writes, trips)
   init_dyn = [_as_carry(loop_vars[i]) for i in dyn_idx]
   state0 = runtime.state if body_writes else {}
-  python_key = _python_loop_key(ctx, loop, init_dyn)
+  eager_key = None if has_tracers(init_dyn, runtime.state, runtime.rng) else _eager_loop_key(ctx, loop)
+  python_key = None if eager_key is None else _python_loop_key(eager_key, init_dyn)
   python_loops = runtime.library.memo.setdefault("python_loops", {})
   cause = python_loops.get(python_key) if python_key is not None else None
   if cause is None:
     try:
-      dyn, state = _eager_loop(ctx, loop, init_dyn, state0)
+      dyn, state = _eager_loop(ctx, loop, init_dyn, state0, eager_key)
     except Exception as e:  # noqa: BLE001 -- shapes that change per step, or that need a loop variable's value
       if not needs_python_loop(e):
         raise
@@ -262,13 +263,13 @@ class _LaxLoop:
 _MAX_KEYED_BYTES = 1 << 16
 
 
-def _eager_loop(ctx, loop: _LaxLoop, init_dyn, state0):
-  """Runs `loop`. Called eagerly (no input traced), through a jax.jit cached per node and static loop
-  vars: lax loops outside jit retrace and recompile their body on every call, as each call's body is a
-  new closure. Variables and the rng are arguments of the cached function, never its constants."""
+def _eager_loop(ctx, loop: _LaxLoop, init_dyn, state0, key):
+  """Runs `loop`. Called eagerly (`key`, from `_eager_loop_key`; None under a trace), through a jax.jit
+  cached per node and static loop vars: lax loops outside jit retrace and recompile their body on every
+  call, as each call's body is a new closure. Variables and the rng are arguments of the cached function,
+  never its constants."""
   runtime = ctx.runtime
-  key = _eager_loop_key(ctx, loop)
-  if key is None or has_tracers(init_dyn, runtime.state, runtime.rng):
+  if key is None:
     return loop(runtime, init_dyn, state0)
   cache = runtime.library.memo.setdefault("eager_loops", {})
   if key not in cache:
@@ -289,14 +290,11 @@ def _eager_loop(ctx, loop: _LaxLoop, init_dyn, state0):
     return loop(runtime, init_dyn, state0)
 
 
-def _python_loop_key(ctx, loop: _LaxLoop, init_dyn):
+def _python_loop_key(eager_key, init_dyn):
   """The key under which an eager call remembers that this loop, with these carries, runs in Python:
-  later calls skip the lax loop's trace, which would fail the same way (`None`: not remembered)."""
-  key = _eager_loop_key(ctx, loop)
-  if key is None or has_tracers(init_dyn):
-    return None
+  later calls skip the lax loop's trace, which would fail the same way."""
   leaves = jax.tree.leaves(init_dyn)
-  return key, jax.tree.structure(init_dyn), tuple((np.shape(x), np.result_type(x)) for x in leaves)
+  return eager_key, jax.tree.structure(init_dyn), tuple((np.shape(x), np.result_type(x)) for x in leaves)
 
 
 def _eager_loop_key(ctx, loop: _LaxLoop):

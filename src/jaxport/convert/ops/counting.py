@@ -7,9 +7,9 @@ values are ignored like values >= size (TF's CPU kernel raises on them).
 HistogramFixedWidth bins as TF's kernel does: `min(((double)clamp(x, lo, hi) - (double)lo) / step,
 nbins - 1)` truncated, with `step = ((double)hi - (double)lo) / nbins`. When `value_range` is known at
 trace time (the usual constant), the bins come from comparisons with the smallest value of each bin,
-found in float64 while converting, so they are TF's even without JAX's x64 mode. A traced `value_range` divides in the
-widest float JAX has (float32 without x64: a value within rounding of a bin edge can land in the next
-bin). TF raises on NaN values, which this rule does when it sees them (an eager call); under jit a NaN
+found in float64 while converting, so they are TF's even without JAX's x64 mode. A traced `value_range`
+divides in the widest float JAX has (float32 without x64: a value within rounding of a bin edge can land
+in the next bin). TF raises on NaN values, which this rule does when it sees them (an eager call); under jit a NaN
 counts in the first bin.
 """
 from __future__ import annotations
