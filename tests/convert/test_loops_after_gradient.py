@@ -160,3 +160,48 @@ def test_errors_unrelated_to_shapes_are_not_hidden():
   jax_fn, params = jaxport.convert(fn, X[0], np.int32(2))
   with pytest.raises(jaxport.errors.MissingInputError, match="PRNG key"):
     jax.jit(jax_fn)(params, X[0], np.int32(2))
+
+
+# --------------------------------------------------------------------------- gradients inside the function
+
+
+def loop_and_its_gradient(x):
+  """The loop and its gradient in one function: the gradient While pops what the forward pushed, and
+  the variable's gradient is shaped by `VariableShape`."""
+  with tf.GradientTape() as tape:
+    tape.watch(x)
+    y = tf.while_loop(lambda i, s: i < 4, lambda i, s: (i + 1, tf.sin(x * LOOP_SCALE + s)), (0, tf.zeros_like(x)))[1]
+    loss = tf.reduce_sum(y * y)
+  return (loss, *tape.gradient(loss, [x, LOOP_SCALE]))
+
+
+LOOP_SCALE = tf.Variable(0.7, name="loop_scale")
+
+
+def test_a_loop_differentiated_inside_the_function():
+  assert {"VariableShape", "TensorListPopBack"} <= _graph_ops(tf.function(loop_and_its_gradient), X)
+  check(loop_and_its_gradient, X)   # eager, jit, second-order grad against GradientTape, vmap
+
+
+def test_a_loop_differentiated_inside_the_function_with_a_traced_trip_count():
+  def fn(x, n):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = tf.while_loop(lambda i, s: i < n, lambda i, s: (i + 1, tf.sin(x + s)), (0, tf.zeros_like(x)))[1]
+      loss = tf.reduce_sum(y)
+    return tape.gradient(loss, x)
+  check(fn, X, np.int32(3), jit=False, vmap=False)   # the accumulators grow step by step: eager only
+  jax_fn, params = jaxport.convert(fn, X, np.int32(3))
+  with pytest.raises(DynamicLoopError, match=r"While node .*without jax.jit"):
+    jax.jit(jax_fn)(params, X, np.int32(3))
+
+
+@pytest.mark.parametrize("layer", ["LSTM", "GRU", "SimpleRNN"])
+def test_keras_recurrent_training_steps(layer):
+  """A recurrent model's training step (forward, tape, optimizer in one tf.function): the gradient
+  While reads the forward While's accumulators (and ZerosLike of a TensorList starts them)."""
+  from oracle import check_train_steps
+  keras.utils.set_random_seed(0)
+  model = keras.Sequential([keras.Input((5, 3)), getattr(keras.layers, layer)(4), keras.layers.Dense(1)])
+  y = np.random.RandomState(3).normal(size=(2, 1)).astype(np.float32)
+  check_train_steps(model, keras.optimizers.Adam(0.01), SEQ, y)

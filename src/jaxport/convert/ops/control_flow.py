@@ -294,7 +294,8 @@ def _python_loop_key(eager_key, init_dyn):
   """The key under which an eager call remembers that this loop, with these carries, runs in Python:
   later calls skip the lax loop's trace, which would fail the same way."""
   leaves = jax.tree.leaves(init_dyn)
-  return eager_key, jax.tree.structure(init_dyn), tuple((np.shape(x), np.result_type(x)) for x in leaves)
+  avals = tuple((np.shape(x), x.dtype if hasattr(x, "dtype") else np.result_type(x)) for x in leaves)
+  return eager_key, jax.tree.structure(init_dyn), avals
 
 
 def _eager_loop_key(ctx, loop: _LaxLoop):

@@ -152,7 +152,7 @@ for _op, _name in {
 
 def _filled_like(fill):
   def rule(ctx, x):
-    if not hasattr(x, "dtype"):   # pytrees such as TensorLists: fill leaf by leaf
+    if not jax.tree_util.all_leaves([x]):   # pytrees such as TensorLists: fill leaf by leaf
       return jax.tree_util.tree_map(lambda leaf: jnp.full_like(leaf, fill), x)
     return apply(lambda xp, x: xp.full_like(x, fill), (x,))
   return rule

@@ -2,12 +2,18 @@
 import numpy as np
 
 from jaxport.convert.interpreter import VariableRef
+from jaxport.convert.ops._util import shape_value
 from jaxport.convert.registry import register
 
 
 @register("ReadVariableOp", structural=True)
 def read_variable(ctx, ref):
   return ctx.runtime.read_variable(ref)
+
+
+@register("VariableShape", size_bounded=True)
+def variable_shape(ctx, ref):
+  return shape_value(np.shape(ctx.runtime.read_variable(ref)), ctx.attr("out_type"))
 
 
 @register("AssignVariableOp", writes_state=True, structural=True)
