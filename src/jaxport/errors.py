@@ -182,6 +182,11 @@ class UnsupportedValueError(JaxportError, TypeError, ValueError):
   dict, a ragged or sparse tensor where a dense one belongs. The message names it and the way out."""
 
 
+class UnwrittenListError(UnsupportedValueError):
+  """A TensorList with an unknown element shape is read before anything was written to it. A loop
+  whose body reads such a list runs step by step, so that a loop that reads nothing passes."""
+
+
 class StaticArgumentError(SignatureError):
   """A static argument (`training`, a string mode, a `None` mask) differs from the traced value and
   the function cannot be retraced (it came from a SavedModel signature)."""

@@ -15,8 +15,12 @@ the structure and rewrites it, once at conversion time:
 Innermost structures are rewritten first; nested frames are rewritten inside their
 parent's body. A ref-typed output feeding an input that is not a ref (`w/read =
 Identity(w)`) gets a `_ReadRef`, so ref variables behave as resource variables (a cond
-that returns a ref returns its value, which `_ReadRef` passes through). v1 stacks (the
-in-graph gradients of v1 loops) are refused with `UnsupportedOperationsError`.
+that returns a ref returns its value, which `_ReadRef` passes through).
+
+v1 stacks carry the in-graph gradient of a v1 loop (`tf.gradients` through
+`tf.compat.v1.while_loop`): the forward loop pushes each step's intermediates onto a stack
+made outside it, the gradient loop pops them. Here a stack becomes a TensorList that both
+loops carry as a loop variable (`_thread_stacks`); stacks of nested loops, or pushed inside a cond, are refused.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ import itertools
 
 import numpy as np
 
-from jaxport.convert.graph import FuncAttr, GraphFunction, Library, Node, dependency_order
+from jaxport.convert.graph import VARIANT, FuncAttr, GraphFunction, Library, Node, dependency_order
 from jaxport.errors import JaxportError, UnsupportedOperationsError
 
 ENTER = frozenset({"Enter", "RefEnter"})
@@ -60,7 +64,7 @@ def lower_v1_graph(graph: GraphFunction, library: Library) -> GraphFunction:
   if not has_v1_structure(graph):
     return graph
   nodes = _live_copy(graph)
-  _refuse_stacks(nodes)
+  _thread_stacks(nodes)
   outputs = _insert_ref_reads(nodes, list(graph.outputs))
   _link_tensor_array_gradients(nodes)
   frames, parents = _assign_frames(nodes)
@@ -84,18 +88,6 @@ def _live_copy(graph: GraphFunction) -> dict[str, Node]:
     stack.extend(src for src, _ in node.inputs)
     stack.extend(node.control_inputs)
   return {name: _copy(graph.nodes[name]) for name in graph.nodes if name in keep}
-
-
-def _refuse_stacks(nodes: dict[str, Node]) -> None:
-  stacks: dict[str, list[str]] = {}
-  for node in nodes.values():
-    if node.op in STACKS:
-      stacks.setdefault(node.op, []).append(node.name)
-  if stacks:
-    error = UnsupportedOperationsError(stacks)
-    error.add_note("v1 stacks carry the in-graph gradient of a v1 while loop (tf.gradients through "
-                   "tf.compat.v1.while_loop). Convert the forward graph and take jax.grad of it instead.")
-    raise error
 
 
 def _copy(node: Node, **changes) -> Node:
@@ -182,14 +174,15 @@ def _flow_kind(nodes: dict[str, Node], ref: tuple[str, int]) -> str | None:
 def _link_tensor_array_gradients(nodes: dict[str, Node]) -> None:
   """TF keeps one gradient array per (array, source) that many ops write, ordered by flows
   that may be the forward array's; here flows carry the data, so an op on a gradient handle
-  whose flow is still the forward one starts from zeros, and the `AddN` of flows sums them."""
+  whose flow is still the forward one starts from zeros, and the `AddN` of flows sums them (as does
+  the `Add` that sums them over a gradient loop's steps, from a scalar zero)."""
   for node in nodes.values():
     if node.op in _FLOW_READS:
       handle, _ = _source(nodes, node.inputs[0])
       if handle is not None and handle.op == "TensorArrayGradV3" and _flow_kind(nodes, node.inputs[-1]) == "forward":
         node.attrs["_fresh_gradient"] = True
-    elif node.op == "AddN" and node.inputs and _flow_kind(nodes, node.inputs[0]) is not None:
-      node.op = "_TensorArrayFlowAddN"
+    elif node.op in ("AddN", "Add", "AddV2") and any(_flow_kind(nodes, ref) is not None for ref in node.inputs):
+      node.op = "_TensorArrayFlowAddN"   # Add: a loop's sum of a gradient array's flows, from a scalar 0
 
 
 def _assign_frames(nodes: dict[str, Node]) -> tuple[dict[str, str], dict[str, str]]:
@@ -266,6 +259,133 @@ def _replace_references(nodes: dict[str, Node], removed: set[str], stand_in: str
       if src in removed:
         raise V1ControlFlowError(f"node {node.name!r} reads {src!r} from inside a v1 loop or cond without "
                                  "an Exit or Merge; jaxport cannot recover this structure")
+
+
+# --------------------------------------------------------------------------- stacks
+
+
+def _thread_stacks(nodes: dict[str, Node]) -> None:
+  """Rewrites each v1 stack into a TensorList carried by the loop that pushes onto it (out through an
+  Exit) and by the loop that pops from it: plain loop variables, which `_rewrite_loop` handles."""
+  stacks = [n for n in nodes.values() if n.op == "StackV2"]
+  if not stacks:
+    return
+  frames, parents = _assign_frames(nodes)
+  conds = {frames[n.name]: n.name for n in nodes.values() if n.op == "LoopCond"}
+  stack_ops = {n.name for n in nodes.values() if n.op in STACKS}
+  for name in [n.name for n in nodes.values() if n.op == "ControlTrigger"]:
+    if set(nodes[name].control_inputs) <= stack_ops:   # f_sync/b_sync: the lists' data order the steps
+      _drop_control_node(nodes, name)
+  for node in nodes.values():
+    if node.op == "StackCloseV2":   # the lists need no closing; what waited for it still waits
+      node.op, node.inputs, node.attrs = "NoOp", [], {}
+  consumers = _consumers(nodes)
+  for stack in stacks:
+    push_enter, push, pop_enter, pop = _push_and_pop(nodes, consumers, frames, parents, conds, stack)
+    for ref in [(n, k) for n in consumers.get(push.name, []) for k, r in enumerate(nodes[n].inputs)
+                if r == (push.name, 0)]:   # StackPushV2 passes its element on
+      nodes[ref[0]].inputs[ref[1]] = push.inputs[1]
+    if _only_orders(nodes, consumers, pop.name):   # a TensorArray's flow, pushed to order its gradient
+      for node in (stack, push_enter, pop_enter):
+        del nodes[node.name]
+      nodes[push.name] = _copy(push, op="NoOp", inputs=[], attrs={})
+      dtype = pop.attrs.get("elem_type")
+      nodes[pop.name] = Node(pop.name, "Const", [], list(pop.control_inputs),
+                             {"value": np.zeros((), dtype), "dtype": dtype})
+      continue
+    dtype = stack.attrs.get("elem_type")
+    shape = _const(nodes, f"{stack.name}/_jaxport_element_shape", np.int32(-1))
+    limit = _const(nodes, f"{stack.name}/_jaxport_max_elements", np.int32(-1))
+    nodes[stack.name] = _copy(stack, op="EmptyTensorList", inputs=[shape, limit],
+                              attrs={"element_dtype": dtype, "shape_type": np.dtype(np.int32)})
+    pushed = _loop_variable(nodes, push_enter, conds[frames[push.name]])
+    nodes[push.name] = _copy(push, op="TensorListPushBack", inputs=[pushed, push.inputs[1]],
+                             attrs={"element_dtype": dtype})
+    _close_loop_variable(nodes, push_enter, (push.name, 0), exit_needed=True)
+    pop_enter.inputs = [(f"{push_enter.name}/_jaxport_exit", 0)]
+    popped = _loop_variable(nodes, pop_enter, conds[frames[pop.name]])
+    pop_list = f"{pop.name}/_jaxport_pop"
+    nodes[pop_list] = Node(pop_list, "TensorListPopBack", [popped, shape], list(pop.control_inputs),
+                           {"element_dtype": dtype})
+    nodes[pop.name] = Node(pop.name, "Identity", [(pop_list, 1)], [], {"T": dtype})
+    _close_loop_variable(nodes, pop_enter, (pop_list, 0), exit_needed=False)
+
+
+def _push_and_pop(nodes, consumers, frames, parents, conds, stack: Node):
+  """The Enter and StackPushV2 of the loop that pushes onto `stack`, and those of the loop that pops."""
+  uses = [nodes[c] for c in consumers.get(stack.name, []) if nodes[c].op != "NoOp"]
+  if frames[stack.name] or any(parents.get(frames[u.name]) != "" for u in uses if u.op in ENTER):
+    _refuse_stack(stack, "its loops are nested in other loops")
+  found = {}
+  for enter in uses:
+    users = [nodes[c] for c in consumers.get(enter.name, [])] if enter.op in ENTER else []
+    if len(users) == 1 and users[0].inputs[0][0] == enter.name and users[0].op in ("StackPushV2", "StackPopV2"):
+      found.setdefault(users[0].op, []).append((enter, users[0]))
+    elif any(u.op in ENTER for u in users):
+      _refuse_stack(stack, "its loops are nested in other loops")
+    elif len(users) == 1 and users[0].op in SWITCH:
+      _refuse_stack(stack, "its loop pushes or pops it inside a tf.cond (each step's branch decides whether a "
+                    "value is saved, which a traced loop cannot carry)")
+    else:
+      _refuse_stack(stack, "it is not used as one push and one pop")
+  if sorted(found) != ["StackPopV2", "StackPushV2"] or any(len(v) != 1 for v in found.values()):
+    _refuse_stack(stack, "it is not used as one push and one pop")
+  (push_enter, push), = found["StackPushV2"]
+  (pop_enter, pop), = found["StackPopV2"]
+  if any(frames[e.name] not in conds for e in (push_enter, pop_enter)):
+    _refuse_stack(stack, "it is not pushed and popped by while loops")
+  return push_enter, push, pop_enter, pop
+
+
+def _only_orders(nodes, consumers, name: str) -> bool:
+  """Whether `name`'s value is only waited for: read by control edges, or by Identities only waited for."""
+  for user in consumers.get(name, []):
+    node = nodes[user]
+    if any(src == name for src, _ in node.inputs) and not (node.op == "Identity" and _only_orders(nodes, consumers, user)):
+      return False
+  return True
+
+
+def _drop_control_node(nodes: dict[str, Node], name: str) -> None:
+  del nodes[name]
+  for node in nodes.values():
+    if name in node.control_inputs:
+      node.control_inputs = [c for c in node.control_inputs if c != name]
+
+
+def _refuse_stack(stack: Node, why: str) -> None:
+  error = UnsupportedOperationsError({"StackV2": [stack.name]})
+  error.add_note(f"This v1 stack carries the in-graph gradient of a v1 while loop (tf.gradients through "
+                 f"tf.compat.v1.while_loop), but {why}. Convert the forward graph and take jax.grad of it "
+                 "instead, or build the graph with control flow v2 (tf.compat.v1.enable_control_flow_v2()).")
+  raise error
+
+
+def _const(nodes: dict[str, Node], name: str, value) -> tuple[str, int]:
+  nodes[name] = Node(name, "Const", [], [], {"value": np.asarray(value), "dtype": np.asarray(value).dtype})
+  return name, 0
+
+
+def _loop_variable(nodes: dict[str, Node], enter: Node, loop_cond: str) -> tuple[str, int]:
+  """Turns the loop-invariant `enter` into a loop variable's Enter → Merge → Switch; returns the
+  variable's value inside the body."""
+  enter.attrs = {**enter.attrs, "is_constant": False, "T": VARIANT}
+  base = enter.name
+  nodes[f"{base}/_jaxport_merge"] = Node(f"{base}/_jaxport_merge", "Merge",
+                                         [(enter.name, 0), (f"{base}/_jaxport_next", 0)], [], {"T": VARIANT})
+  nodes[f"{base}/_jaxport_switch"] = Node(f"{base}/_jaxport_switch", "Switch",
+                                          [(f"{base}/_jaxport_merge", 0), (loop_cond, 0)], [], {"T": VARIANT})
+  nodes[f"{base}/_jaxport_body"] = Node(f"{base}/_jaxport_body", "Identity", [(f"{base}/_jaxport_switch", 1)], [],
+                                        {"T": VARIANT})
+  return f"{base}/_jaxport_body", 0
+
+
+def _close_loop_variable(nodes: dict[str, Node], enter: Node, value: tuple[str, int], exit_needed: bool) -> None:
+  base = enter.name
+  nodes[f"{base}/_jaxport_next"] = Node(f"{base}/_jaxport_next", "NextIteration", [value], [], {"T": VARIANT})
+  if exit_needed:
+    nodes[f"{base}/_jaxport_exit"] = Node(f"{base}/_jaxport_exit", "Exit", [(f"{base}/_jaxport_switch", 0)], [],
+                                          {"T": VARIANT})
 
 
 # --------------------------------------------------------------------------- scopes

@@ -16,7 +16,7 @@ from __future__ import annotations
 from jaxport.convert.graph import GraphFunction, dependency_order
 from jaxport.convert.interpreter import _NEEDS_VALUES
 from jaxport.convert.ops._util import known_value
-from jaxport.errors import DynamicLoopError, JaxportError
+from jaxport.errors import DynamicLoopError, JaxportError, UnwrittenListError
 
 
 def used_outputs(fn: GraphFunction | None, node: str) -> set[int] | None:
@@ -74,8 +74,9 @@ def live_loop_vars(library, cond_fn: GraphFunction, body_fn: GraphFunction, used
 
 def needs_python_loop(error: BaseException) -> bool:
   """Whether a lax loop failed for its shapes: carries that change shape (a TypeError from lax), or
-  a shape that needs a loop variable's value (a rule's ValueError, or a tracer used as a constant)."""
-  if isinstance(error, _NEEDS_VALUES):
+  a shape that needs a loop variable's value (a rule's ValueError, or a tracer used as a constant), or
+  a list the body reads that only an earlier loop's steps would have written."""
+  if isinstance(error, (*_NEEDS_VALUES, UnwrittenListError)):
     return True
   return isinstance(error, (TypeError, ValueError)) and not isinstance(error, JaxportError)
 

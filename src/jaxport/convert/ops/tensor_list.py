@@ -14,7 +14,7 @@ from jax import lax
 
 from jaxport.convert.ops._util import is_concrete, known_value, static_ints, static_value
 from jaxport.convert.registry import register
-from jaxport.errors import InvalidNodeError, UnsupportedValueError
+from jaxport.errors import InvalidNodeError, UnsupportedValueError, UnwrittenListError
 
 
 @jax.tree_util.register_pytree_node_class
@@ -52,7 +52,7 @@ class TensorList:
       return self.items
     shape = self.known_element_shape()
     if shape is None:
-      raise UnsupportedValueError("reading a TensorList whose element shape is unknown and that was never written; "
+      raise UnwrittenListError("reading a TensorList whose element shape is unknown and that was never written; "
                                   "give the TensorArray an element_shape")
     return jnp.zeros((self.size, *shape), self.dtype)
 

@@ -136,7 +136,9 @@ def tensor_array_grad(ctx, handle, flow):
 
 @register("_TensorArrayFlowAddN", structural=True)
 def tensor_array_flow_add_n(ctx, *flows):
-  """TF sums the flows of a gradient array's writes; here the flows hold the writes, so sum them."""
+  """TF sums the flows of a gradient array's writes; here the flows hold the writes, so sum them. A
+  gradient loop's sum starts from a scalar zero (its accumulator's start), which adds nothing."""
+  flows = [f for f in flows if isinstance(f, TensorList)] or list(flows)
   dense = [f.dense() for f in flows if f.items is not None or f.known_element_shape() is not None]
   if not dense:
     return flows[0]
