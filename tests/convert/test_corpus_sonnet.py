@@ -105,9 +105,27 @@ def embed_adam_step():
   return step, (ids, targets), dict(variables_changed=True, grad=False)
 
 
+def rnn_adam_step():
+  """A training step through `snt.dynamic_unroll` (a tf.while_loop) of an LSTM and a GRU: the tape's
+  gradient loop, in the same function, pops what the forward loop's accumulators pushed."""
+  seq, targets = _x((5, BATCH, 6)), _x((BATCH, 6), seed=1)
+  tf.random.set_seed(0)
+  core, optimizer = snt.DeepRNN([snt.LSTM(8), snt.GRU(6)]), snt.optimizers.Adam(0.01)
+  _built(core, seq[0], core.initial_state(BATCH))
+
+  def step(xs, targets):
+    with tf.GradientTape() as tape:
+      outputs, _ = snt.dynamic_unroll(core, xs, core.initial_state(BATCH))
+      loss = tf.reduce_mean(tf.square(outputs[-1] - targets))
+    optimizer.apply(tape.gradient(loss, core.trainable_variables), core.trainable_variables)
+    return loss
+  step(seq, targets)   # makes the optimizer's slots
+  return step, (seq, targets), dict(variables_changed=True, grad=False)
+
+
 CORPUS = {f.__name__: f for f in [
     mlp, resnet50_batchnorm_training, resnet_batchnorm_eval, lstm_static_unroll, lstm_dynamic_unroll, vqvae_ema,
-    embed_adam_step,
+    embed_adam_step, rnn_adam_step,
 ]}
 IN_CI = ["mlp", "resnet50_batchnorm_training", "lstm_dynamic_unroll", "vqvae_ema", "embed_adam_step"]
 
