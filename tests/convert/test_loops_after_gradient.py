@@ -196,12 +196,61 @@ def test_a_loop_differentiated_inside_the_function_with_a_traced_trip_count():
     jax.jit(jax_fn)(params, X, np.int32(3))
 
 
-@pytest.mark.parametrize("layer", ["LSTM", "GRU", "SimpleRNN"])
-def test_keras_recurrent_training_steps(layer):
+def _single(layer):
+  return keras.Sequential([keras.Input((5, 3)), getattr(keras.layers, layer)(4), keras.layers.Dense(1)]), \
+      keras.optimizers.Adam(0.01)
+
+
+def _stacked_keras3():
+  """Masked steps, a bidirectional LSTM feeding a GRU: the second layer's loop gradient needs the
+  first's sequence (TensorListGetItem's gradient, sized by a length the forward loop pushed), and the
+  bidirectional layer's gradients meet in an AddN of lists."""
+  return keras.Sequential([keras.Input((5, 3)), keras.layers.Masking(0.0),
+                           keras.layers.Bidirectional(keras.layers.LSTM(4, return_sequences=True)),
+                           keras.layers.GRU(3), keras.layers.Dense(1)]), keras.optimizers.Adam(0.01)
+
+
+def _stacked_tf_keras():
+  import tf_keras
+  layers = tf_keras.layers
+  return tf_keras.Sequential([layers.Bidirectional(layers.LSTM(4, return_sequences=True), input_shape=(5, 3)),
+                              layers.SimpleRNN(3), layers.Dense(1)]), tf_keras.optimizers.Adam(0.01)
+
+
+RECURRENT_MODELS = {"LSTM": lambda: _single("LSTM"), "GRU": lambda: _single("GRU"),
+                    "SimpleRNN": lambda: _single("SimpleRNN"), "stacked_keras3": _stacked_keras3,
+                    "stacked_tf_keras": _stacked_tf_keras}
+
+
+@pytest.mark.parametrize("name", RECURRENT_MODELS)
+def test_keras_recurrent_training_steps(name):
   """A recurrent model's training step (forward, tape, optimizer in one tf.function): the gradient
   While reads the forward While's accumulators (and ZerosLike of a TensorList starts them)."""
   from oracle import check_train_steps
   keras.utils.set_random_seed(0)
-  model = keras.Sequential([keras.Input((5, 3)), getattr(keras.layers, layer)(4), keras.layers.Dense(1)])
+  tf.random.set_seed(0)
+  model, optimizer = RECURRENT_MODELS[name]()
+  x = SEQ.copy()
+  x[1, 3:] = 0.0   # masked steps, where the model masks
   y = np.random.RandomState(3).normal(size=(2, 1)).astype(np.float32)
-  check_train_steps(model, keras.optimizers.Adam(0.01), SEQ, y)
+  check_train_steps(model, optimizer, x, y)
+
+
+def test_lists_add_element_wise_and_constants_pushed_stay_constants():
+  """AddN of TensorLists against TF's (an unwritten list adds nothing); pushing a NumPy constant onto
+  a constant list keeps it NumPy, so a gradient loop can pop a size it needs at trace time."""
+  from jaxport.convert.ops.tensor_list import TensorList
+  from oracle import run_rule
+  a, b = X[:2], X[1:3] * 2.0
+  lists = [tf.raw_ops.TensorListFromTensor(tensor=v, element_shape=[4]) for v in (a, b)]
+  expected = tf.raw_ops.TensorListStack(input_handle=tf.raw_ops.AddN(inputs=lists), element_dtype=tf.float32,
+                                        element_shape=[4])
+  ours = [TensorList(v, np.float32, (4,)) for v in (a, b)]
+  total = run_rule("AddN", *ours, TensorList(None, np.float32, (4,), 2))
+  np.testing.assert_allclose(total.items, expected.numpy(), rtol=1e-6)
+  with pytest.raises(jaxport.errors.InvalidNodeError, match="sizes"):
+    run_rule("AddN", ours[0], TensorList(X[:3], np.float32, (4,)))
+  pushed = run_rule("TensorListPushBack", TensorList(None, np.int32, (), 0), np.int32(5))
+  assert isinstance(pushed.items, np.ndarray) and pushed.items.tolist() == [5]
+  traced = jax.jit(lambda v: run_rule("TensorListPushBack", pushed, v).items)(np.int32(7))
+  assert traced.tolist() == [5, 7]

@@ -28,6 +28,7 @@ from jax import lax
 from jaxport.convert import export_marks
 from jaxport.convert.ops._util import has_symbolic, is_concrete, jax_dtype, stage_dims, xp
 from jaxport.convert.ops.core import runtime_check
+from jaxport.convert.ops.tensor_list import TensorList, add_lists
 from jaxport.convert.registry import register
 from jaxport.errors import InvalidNodeError
 
@@ -292,15 +293,18 @@ _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946
 
 
+# Elu and Selu take exp(x) - 1 where x < 0, as TF's kernels do (not expm1): in bfloat16 each op rounds.
 @_elementwise("Elu")
 def _elu(xp, x):
-  return _negative_part(xp, x, xp.expm1)
+  return _negative_part(xp, x, lambda v: xp.exp(v) - 1)
 
 
 @_elementwise("Selu")
 def _selu(xp, x):
-  # astype: NumPy turns bfloat16 times a Python float into float32.
-  return (_SELU_SCALE * _negative_part(xp, x, lambda v: _SELU_ALPHA * xp.expm1(v))).astype(x.dtype)
+  # astype: older NumPy turns bfloat16 times a Python float into float32
+  negative = x < 0
+  scaled = _SELU_SCALE * _SELU_ALPHA * (xp.exp(xp.where(negative, x, xp.zeros_like(x))) - 1)
+  return xp.where(negative, scaled, _SELU_SCALE * x).astype(x.dtype)
 
 
 @_jax_elementwise("Softplus")
@@ -391,8 +395,8 @@ def _reciprocal_grad(xp, y, dy):
 
 @register("AddN", size_bounded=True)
 def _add_n(ctx, *xs):
-  if not all(hasattr(x, "dtype") for x in xs):   # pytrees such as TensorLists: add leaf by leaf
-    return jax.tree_util.tree_map(lambda *leaves: functools.reduce(jnp.add, leaves), *xs)
+  if any(isinstance(x, TensorList) for x in xs):   # a list's gradients summed over its uses
+    return add_lists(xs)
   return apply(lambda xp, *xs: functools.reduce(xp.add, xs), xs)
 
 

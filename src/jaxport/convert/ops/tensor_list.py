@@ -7,12 +7,14 @@ until its first write fixes the shape; loops resolve that before they start
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxport.convert.ops._util import is_concrete, known_value, static_ints, static_value
+from jaxport.convert.ops._util import is_concrete, known_value, static_ints, static_value, xp
 from jaxport.convert.registry import register
 from jaxport.errors import InvalidNodeError, UnsupportedValueError, UnwrittenListError
 
@@ -58,6 +60,17 @@ class TensorList:
 
   def __repr__(self):
     return f"TensorList(size={self.size}, dtype={self.dtype}, element_shape={self.element_shape})"
+
+
+def add_lists(lists) -> TensorList:
+  """Element-wise sum of equally long lists, as TF adds TensorLists (AddN of a list's gradients); a
+  list never written adds nothing."""
+  written = [lst.dense() for lst in lists if lst.items is not None]
+  if len({lst.size for lst in lists}) > 1:
+    raise InvalidNodeError(f"adding TensorLists of sizes {[lst.size for lst in lists]}; TF adds equally long lists")
+  if not written:
+    return lists[0]
+  return lists[0].with_items(functools.reduce(jnp.add, written))
 
 
 def _shape_arg(shape) -> tuple | None:
@@ -181,9 +194,10 @@ def tensor_list_element_shape(ctx, lst):
 
 @register("TensorListPushBack", structural=True)
 def tensor_list_push_back(ctx, lst, item):
-  item = jnp.asarray(item, lst.dtype)[None]
-  items = item if lst.size == 0 and lst.items is None else jnp.concatenate([lst.dense(), item])
-  return lst.with_items(items)
+  # constants pushed onto constants stay NumPy: a gradient loop pops sizes it needs at trace time
+  before = [] if lst.size == 0 and lst.items is None else [lst.dense()]
+  array = xp(item, *before)
+  return lst.with_items(array.concatenate([*before, array.asarray(item, lst.dtype)[None]]))
 
 
 @register("TensorListPopBack", structural=True)
