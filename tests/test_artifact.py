@@ -226,6 +226,12 @@ def test_batchnorm_training_mode_carries_moving_statistics(tmp_path):
   fn(loaded, x, rng=jax.random.key_data(jax.random.key(3)))
   with pytest.raises(MissingInputError, match="rng"):
     fn(loaded, x)
+  # an example key given to export is not an input; it sets the implementation the artifact takes
+  jaxport.export(jax_fn, params, x, path=tmp_path / "rbg", platforms=("cpu",), rng=jax.random.key(3, impl="rbg"))
+  rbg, rbg_params = jaxport.load(tmp_path / "rbg")
+  assert rbg.manifest["rng"]["impl"] == "rbg" and len(rbg.manifest["inputs"]["leaves"]) == 1
+  key = jax.random.key(5, impl="rbg")
+  _assert_tree_close(rbg(rbg_params, x, rng=key), jax_fn(params, x, rng=key))
 
 
 def test_jax2tf_saved_model_round_trip(tmp_path):

@@ -136,7 +136,8 @@ def export(jax_fn: Callable, params: dict, *example_args, path: str | os.PathLik
 
   `example_args`/`example_kwargs` give the input shapes and dtypes (arrays, `jax.ShapeDtypeStruct`s,
   `tf.TensorSpec`s); without any, those `jaxport.convert` traced with are used. Non-array leaves (bools,
-  strings, None) are fixed at export. `platforms` are lowered together into one module.
+  strings, None) are fixed at export. `platforms` are lowered together into one module. An `rng=` example
+  key is not an input: the artifact takes a key of its implementation (default: JAX's default).
 
   `batch_polymorphic`: None (default) keeps an unknown leading (batch) dim of the traced input specs
   symbolic (`b`) when no example inputs are given, and falls back to batch 1 with a
@@ -181,6 +182,7 @@ def lower(jax_fn: Callable, params: dict, *example_args, platforms: tuple[str, .
     raise ArtifactError(f"ops {', '.join(callbacks)} run in TensorFlow through host callbacks (tier 3), which "
                         "cannot be exported; check `jaxport inspect`, then add native rules for them or "
                         "rewrite the model to avoid them.")
+  example_key = example_kwargs.pop("rng", None)   # an example key: only its implementation is recorded
   given = bool(example_args or example_kwargs)
   if not given and hasattr(jax_fn, "_input_structure"):
     example_args, example_kwargs = jax_fn._input_structure
@@ -189,15 +191,16 @@ def lower(jax_fn: Callable, params: dict, *example_args, platforms: tuple[str, .
   auto = batch_polymorphic is None
   if not auto:
     return _lower(jax_fn, params, example_args, example_kwargs, platforms, "all" if batch_polymorphic else None,
-                  vjp_order, report)
+                  vjp_order, report, example_key)
   if given or not _unknown_batch(example_args, example_kwargs):
-    return _lower(jax_fn, params, example_args, example_kwargs, platforms, None, vjp_order, report)
+    return _lower(jax_fn, params, example_args, example_kwargs, platforms, None, vjp_order, report, example_key)
   try:
-    return _lower(jax_fn, params, example_args, example_kwargs, platforms, "unknown", vjp_order, report)
+    return _lower(jax_fn, params, example_args, example_kwargs, platforms, "unknown", vjp_order, report,
+                  example_key)
   except Exception as e:   # retried at a fixed batch; an error there is the function's own and is raised
     why = getattr(e, "reason", None) or f"{type(e).__name__}: {_first_line(e)}"
   fixed_args, fixed_kwargs = example_inputs(jax_fn, FALLBACK_BATCH)
-  lowered = _lower(jax_fn, params, fixed_args, fixed_kwargs, platforms, None, vjp_order, report)
+  lowered = _lower(jax_fn, params, fixed_args, fixed_kwargs, platforms, None, vjp_order, report, example_key)
   lowered.batch_fallback = why
   warnings.warn(BatchFallbackWarning(
       f"{lowered.manifest['name']} cannot be exported with a symbolic batch dim ({why}); exported for batch "
@@ -217,7 +220,7 @@ def _unknown_batch(args, kwargs) -> bool:
 
 
 def _lower(jax_fn, params, example_args, example_kwargs, platforms, symbolic: str | None, vjp_order: int,
-           report) -> LoweredArtifact:
+           report, example_key=None) -> LoweredArtifact:
   """One lowering. `symbolic`: None (concrete shapes), "all" (every input's leading dim is `b`) or
   "unknown" (the leading dims left unknown are `b`)."""
   batch_polymorphic = symbolic is not None
@@ -233,7 +236,7 @@ def _lower(jax_fn, params, example_args, example_kwargs, platforms, symbolic: st
   batch = jax.export.symbolic_shape(mf.BATCH_DIM)[0] if batch_polymorphic else None
   in_specs = [_input_spec(x, p, batch, only_unknown=symbolic == "unknown") for x, p in zip(in_leaves, in_paths)]
   requires_rng = bool(getattr(jax_fn, "requires_rng", False))
-  key_data, rng_impl = _rng_spec() if requires_rng else (None, None)
+  key_data, rng_impl = _rng_spec(example_key) if requires_rng else (None, None)
   param_specs = [jax.ShapeDtypeStruct(tuple(v.shape), param_dtypes[k]) for k, v in arrays.items()]
   specs = param_specs + in_specs + ([jax.ShapeDtypeStruct(key_data.shape, key_data.dtype)] if requires_rng else [])
   name = str(getattr(jax_fn, "__name__", "function"))
@@ -316,12 +319,14 @@ def _lower(jax_fn, params, example_args, example_kwargs, platforms, symbolic: st
   return LoweredArtifact(exported, bytes(serialized), arrays, manifest)
 
 
-def _rng_spec() -> tuple[jax.ShapeDtypeStruct, str]:
-  """The shape of the default PRNG implementation's key data, and its name (traced: nothing compiles)."""
+def _rng_spec(example_key=None) -> tuple[jax.ShapeDtypeStruct, str]:
+  """The shape of the PRNG implementation's key data, and its name (traced: nothing compiles): that of a
+  typed `example_key`, else the default one."""
   impl = []
+  typed = hasattr(example_key, "dtype") and jax.dtypes.issubdtype(example_key.dtype, jax.dtypes.prng_key)
 
   def key_data():
-    key = jax.random.key(0)
+    key = example_key if typed else jax.random.key(0)
     impl.append(str(jax.random.key_impl(key)))
     return jax.random.key_data(key)
   return jax.eval_shape(key_data), impl[0]
