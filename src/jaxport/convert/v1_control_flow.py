@@ -10,7 +10,9 @@ the structure and rewrites it, once at conversion time:
   functions (`Library.add`), so `ops/control_flow.py` runs it (fori_loop when the
   trip count follows from constants, else lax.while_loop);
 * each conditional becomes an `If` node with a `then_branch`/`else_branch`, run by
-  lax.cond (or just the taken branch when the predicate is a constant).
+  lax.cond (or just the taken branch when the predicate is a constant). The gradient of a cond
+  (`tf.gradients`) is a later cond on the same predicate reading the first one's branch values:
+  a second If, to which the first passes those values as extra outputs (`_cond_regions`).
 
 Innermost structures are rewritten first; nested frames are rewritten inside their
 parent's body. A ref-typed output feeding an input that is not a ref (`w/read =
@@ -504,10 +506,18 @@ def _rewrite_conds(nodes: dict[str, Node], library: Library) -> None:
 
 
 def _cond_regions(nodes, order, pred, switches: set[str]) -> list[dict]:
-  """The conds on `pred`: their switches, the side (0 else, 1 then) of every branch node, their merges."""
+  """The conds on `pred`: their switches, the side (0 else, 1 then) of every branch node, their merges.
+
+  `tf.gradients` of a v1 cond builds a second cond on the same predicate, whose nodes read the first
+  one's branch values directly (TF's dead tensors keep them consistent). It starts after the first
+  one's merges, so each node gets a *level*, the number of merges on `pred` before it: a node that
+  reads the branch of a lower level's cond stays in its own level's cond, and that read becomes an
+  output of the earlier cond (`_rewrite_cond`'s exports), so neither If waits for the other.
+  """
   side: dict[str, int] = {}
   merges: list[str] = []
   origin: dict[str, str] = {}   # node -> a switch it comes from (to split conds sharing a predicate)
+  level: dict[str, int] = {}
   parent = {s: s for s in switches}
 
   def find(s):
@@ -520,32 +530,38 @@ def _cond_regions(nodes, order, pred, switches: set[str]) -> list[dict]:
 
   for name in order:
     node = nodes[name]
+    level[name] = max((level.get(d, 0) for d in [src for src, _ in node.inputs] + node.control_inputs), default=0)
     if name in switches:
       continue
-    sides, sources = set(), []
+    found: list[tuple[int | None, str]] = []   # (side, or None for a control edge from a switch; origin)
     for src, idx in node.inputs:
       if src in switches:
-        sides.add(idx)
-        sources.append(src)
+        found.append((idx, src))
       elif src in side:
-        sides.add(side[src])
-        sources.append(origin[src])
+        found.append((side[src], origin[src]))
     for c in node.control_inputs:
-      if c in side:
-        sides.add(side[c])
-        sources.append(origin[c])
-    if not sources:
+      if c in switches:
+        found.append((None, c))
+      elif c in side:
+        found.append((side[c], origin[c]))
+    sides = {b for b, _ in found if b is not None}
+    if not sides:
       continue
-    for s in sources[1:]:
-      union(sources[0], s)
     if len(sides) == 2:
       if node.op not in MERGE:
         raise V1ControlFlowError(f"node {node.name!r} reads both branches of a v1 cond but is not a Merge")
+      for _, s in found[1:]:
+        union(found[0][1], s)
       merges.append(name)
-      origin[name] = sources[0]
+      origin[name] = found[0][1]
+      level[name] += 1
       continue
+    top = max(level[s] for _, s in found)
+    own = [s for _, s in found if level[s] == top]   # lower levels: reads of an earlier cond's branch
+    for s in own[1:]:
+      union(own[0], s)
     side[name] = sides.pop()
-    origin[name] = sources[0]
+    origin[name] = own[0]
   regions: dict[str, dict] = {}
   for s in switches:
     regions.setdefault(find(s), {"pred": pred, "switches": [], "side": {}, "merges": []})["switches"].append(s)
@@ -566,6 +582,9 @@ def _rewrite_cond(nodes: dict[str, Node], region: dict, library: Library) -> Non
       operands.append(nodes[s].inputs[0])
   consumers = _consumers(nodes)
   wants_index = [m for m in merges if any((m, 1) in nodes[c].inputs for c in consumers.get(m, []))]
+  inside = set(side) | set(merges) | set(switches)
+  exports = list(dict.fromkeys(ref for name in side for c in consumers.get(name, []) if c not in inside
+                               for ref in nodes[c].inputs if ref[0] == name))   # read by a later cond
 
   branches, closures = [], []
   shared_refs: list[tuple[str, int]] = []
@@ -594,6 +613,10 @@ def _rewrite_cond(nodes: dict[str, Node], region: dict, library: Library) -> Non
       const = f"{m}/_{tag}_index"
       fn_nodes[const] = Node(const, "Const", [], [], {"value": np.int32(b), "dtype": np.dtype(np.int32)})
       outs.append((const, 0))
+    for src, idx in exports:   # the other branch has no such value: the If fills in zeros (`_one_sided`)
+      if side[src] != b:
+        src, idx = _const(fn_nodes, f"{src}:{idx}/_{tag}_{b}_stand_in", np.float32(0))
+      outs.append((src, idx))
     branches.append((fn_nodes, args, outs))
     closures.append(closure)
     shared_refs += [r for r in closure.refs if r not in shared_refs]
@@ -613,15 +636,22 @@ def _rewrite_cond(nodes: dict[str, Node], region: dict, library: Library) -> Non
     names.append(fn.name)
 
   if_name = f"{merges[0] if merges else switches[0]}/_jaxport_{tag}"
+  first_export = len(merges) + len(wants_index)
   nodes[if_name] = Node(if_name, "If", [region["pred"]] + operands + shared_refs, [],
                         {"then_branch": FuncAttr(names[1], {}), "else_branch": FuncAttr(names[0], {}),
-                         "Tout": [nodes[m].attrs.get("T") for m in merges] + [np.dtype(np.int32)] * len(wants_index)})
+                         "Tout": [nodes[m].attrs.get("T") for m in merges] + [np.dtype(np.int32)] * len(wants_index)
+                         + [None] * len(exports),
+                         "_one_sided": {first_export + j: side[src] for j, (src, _) in enumerate(exports)}})
   removed = set(side) | set(switches)
+  through = {(s, k): nodes[s].inputs[0] for s in switches for k in (0, 1)}   # a later cond reads a switch
+  through.update({ref: (if_name, first_export + j) for j, ref in enumerate(exports)})
   for name in removed:
     del nodes[name]
   for j, m in enumerate(merges):
     nodes[m] = Node(m, "Identity", [(if_name, j)], [], {"T": nodes[m].attrs.get("T")})
   for k, m in enumerate(wants_index):
-    for node in nodes.values():
-      node.inputs = [(if_name, len(merges) + k) if ref == (m, 1) else ref for ref in node.inputs]
+    through[(m, 1)] = (if_name, len(merges) + k)
+  for node in nodes.values():
+    if node.name != if_name:
+      node.inputs = [through.get(ref, ref) for ref in node.inputs]
   _replace_references({n: v for n, v in nodes.items() if n != if_name}, removed, if_name)

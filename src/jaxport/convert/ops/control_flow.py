@@ -334,8 +334,12 @@ def _python_while(node, runtime, cond_fn, run_body, keep, loop_vars, trips, iter
 # --------------------------------------------------------------------------- If / Case
 
 
-def _branch_call(runtime: Runtime, fn_names: list[str], index, args, out_dtypes, op: str, node: str):
-  """Calls branch `index` (an int at trace time, or a traced int via lax.switch)."""
+def _branch_call(runtime: Runtime, fn_names: list[str], index, args, out_dtypes, op: str, node: str,
+                 one_sided: dict[int, int] | None = None):
+  """Calls branch `index` (an int at trace time, or a traced int via lax.switch).
+
+  `one_sided` maps outputs only one branch computes (a v1 cond's values its gradient reads) to that
+  branch; the others give zeros of its shape, which only an untaken branch of the gradient reads."""
   if is_concrete(index):
     return runtime.call(fn_names[int(index)], args)
   writes = any(_writes_state(runtime, n) for n in fn_names)
@@ -356,11 +360,18 @@ def _branch_call(runtime: Runtime, fn_names: list[str], index, args, out_dtypes,
         raise
       outs = [o if isinstance(o, TensorList) or not isinstance(dt, np.dtype) else jnp.asarray(o, jax_dtype(dt))
               for o, dt in zip(outs, out_dtypes)]
+      for j, defined_in in (one_sided or {}).items():
+        if defined_in != k and j in one_sided_shapes:
+          outs[j] = jnp.zeros(one_sided_shapes[j].shape, one_sided_shapes[j].dtype)
       return outs, (rt.state if writes else state)
     return branch
 
   operands = ([args[i] for i in dyn_idx], runtime.state if writes else {})
   branches = [make_branch(k, n) for k, n in enumerate(fn_names)]
+  one_sided_shapes: dict[int, jax.ShapeDtypeStruct] = {}
+  for defined_in in sorted(set((one_sided or {}).values())):
+    shapes = jax.eval_shape(branches[defined_in], operands)[0]
+    one_sided_shapes.update({j: shapes[j] for j, d in one_sided.items() if d == defined_in})
   stand_ins: set[int] = set()
   for _ in fn_names:
     try:
@@ -424,7 +435,8 @@ def if_(ctx, pred, *args):
   else:
     index = jnp.asarray(pred).reshape(()).astype(jnp.int32) != 0
     index = index.astype(jnp.int32)
-  return _branch_call(ctx.runtime, names, index, args, ctx.attr("Tout", []), ctx.op, ctx.name)
+  return _branch_call(ctx.runtime, names, index, args, ctx.attr("Tout", []), ctx.op, ctx.name,
+                      ctx.attr("_one_sided", None))
 
 
 @register("Case", "StatelessCase", structural=True)
