@@ -120,6 +120,53 @@ def test_stacks_of_nested_loops_are_refused_before_anything_runs():
            "nested in other loops")
 
 
-def test_stacks_pushed_inside_a_cond_of_the_loop_are_refused_before_anything_runs():
-  body = lambda i, v: (i + 1, V1.cond(tf.equal(i % 2, 0), lambda: tf.sin(v) * v, lambda: tf.cos(v) * v))
-  _refusal(lambda x: V1.while_loop(lambda i, v: i < 4, body, [0, x])[1], "inside a tf.cond")
+@pytest.mark.parametrize("nested", [False, True], ids=["cond", "nested_conds"])
+def test_a_loop_with_conds_and_its_gradient(nested):
+  """The forward loop pushes a value only in the branch taken; here every step pushes (the cond gives
+  zeros on the other side) and the gradient loop pops every step, before its cond, so the steps line up."""
+  def branch(i, v):
+    inner = lambda: V1.cond(i < 2, lambda: tf.sin(v) * v, lambda: tf.exp(-v) * v)   # noqa: E731
+    return V1.cond(tf.equal(i % 2, 0), inner if nested else (lambda: tf.sin(v) * v), lambda: tf.cos(v) * v)
+
+  with v1_graph() as g:
+    x = V1.placeholder(tf.float32, [4, 3], name="x")
+    z = V1.while_loop(lambda i, v: i < 5, lambda i, v: (i + 1, branch(i, v)), [0, x])[1]
+    dz, = tf.gradients(tf.reduce_sum(z * z), x)
+  assert STACK_OPS <= _ops(g)
+  check_graph(g, {x: X}, [z, dz], eager=True)
+
+
+def test_zoneout_cell_trained_with_a_training_placeholder():
+  """A TF1 recurrent cell with a `tf.cond` on a `training` placeholder in its step (zoneout), a fed
+  number of steps, trained by Adam: the loss after each of three steps and every variable."""
+  with v1_graph() as g:
+    x = V1.placeholder(tf.float32, [2, 5, 3], name="x")
+    n = V1.placeholder(tf.int32, [], name="n")
+    training = V1.placeholder_with_default(False, [], name="training")
+    w = V1.get_variable("w", initializer=V1.glorot_uniform_initializer(seed=5)([7, 4]), use_resource=False)
+
+    def step(t, h):
+      new = tf.tanh(tf.matmul(tf.concat([x[:, t], h], 1), w))
+      keep = tf.cast(tf.range(4) % 2 == 0, tf.float32)   # zoneout with a fixed mask
+      return t + 1, V1.cond(training, lambda: keep * h + (1 - keep) * new, lambda: 0.5 * h + 0.5 * new)
+
+    h = V1.while_loop(lambda t, h: t < n, step, [0, tf.zeros([2, 4])])[1]
+    loss = tf.reduce_mean(tf.square(h - 0.3))
+    train = V1.train.AdamOptimizer(0.05).minimize(loss)
+    with tf.control_dependencies([train]):
+      loss_after = tf.identity(loss, name="loss_after")
+    variables = V1.global_variables()
+  feeds = {x: SEQ, n: np.int32(5), training: True}
+  with tf.compat.v1.Session(graph=g) as sess:
+    sess.run(V1.global_variables_initializer())
+    initial = dict(zip([v.op.name for v in variables], sess.run(variables)))
+    losses = [sess.run(loss_after, feeds) for _ in range(3)]
+    final = dict(zip([v.op.name for v in variables], sess.run(variables)))
+  jax_fn, params = jaxport.convert_graph_def(g.as_graph_def(), ["x", "n", "training"], "loss_after",
+                                             variables=initial)
+  state = params
+  for expected in losses:   # a fed trip count: eagerly (under jit, DynamicLoopError)
+    loss_value, state = jax_fn(state, SEQ, np.int32(5), np.bool_(True))
+    np.testing.assert_allclose(loss_value, expected, rtol=1e-5, atol=1e-6)
+  for key, value in final.items():
+    np.testing.assert_allclose(state[key], value, rtol=1e-5, atol=1e-6, err_msg=key)

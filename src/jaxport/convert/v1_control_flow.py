@@ -22,7 +22,8 @@ that returns a ref returns its value, which `_ReadRef` passes through).
 v1 stacks carry the in-graph gradient of a v1 loop (`tf.gradients` through
 `tf.compat.v1.while_loop`): the forward loop pushes each step's intermediates onto a stack
 made outside it, the gradient loop pops them. Here a stack becomes a TensorList that both
-loops carry as a loop variable (`_thread_stacks`); stacks of nested loops, or pushed inside a cond, are refused.
+loops carry as a loop variable (`_thread_stacks`), pushed and popped at every step even when a cond
+of the loop pushes it in one branch; stacks of nested loops are refused.
 """
 from __future__ import annotations
 
@@ -302,13 +303,13 @@ def _thread_stacks(nodes: dict[str, Node]) -> None:
                               attrs={"element_dtype": dtype, "shape_type": np.dtype(np.int32)})
     pushed = _loop_variable(nodes, push_enter, conds[frames[push.name]])
     nodes[push.name] = _copy(push, op="TensorListPushBack", inputs=[pushed, push.inputs[1]],
-                             attrs={"element_dtype": dtype})
+                             attrs={"element_dtype": dtype, "_outside_cond": True})
     _close_loop_variable(nodes, push_enter, (push.name, 0), exit_needed=True)
     pop_enter.inputs = [(f"{push_enter.name}/_jaxport_exit", 0)]
     popped = _loop_variable(nodes, pop_enter, conds[frames[pop.name]])
     pop_list = f"{pop.name}/_jaxport_pop"
     nodes[pop_list] = Node(pop_list, "TensorListPopBack", [popped, shape], list(pop.control_inputs),
-                           {"element_dtype": dtype})
+                           {"element_dtype": dtype, "_outside_cond": True})
     nodes[pop.name] = Node(pop.name, "Identity", [(pop_list, 1)], [], {"T": dtype})
     _close_loop_variable(nodes, pop_enter, (pop_list, 0), exit_needed=False)
 
@@ -320,14 +321,11 @@ def _push_and_pop(nodes, consumers, frames, parents, conds, stack: Node):
     _refuse_stack(stack, "its loops are nested in other loops")
   found = {}
   for enter in uses:
-    users = [nodes[c] for c in consumers.get(enter.name, [])] if enter.op in ENTER else []
-    if len(users) == 1 and users[0].inputs[0][0] == enter.name and users[0].op in ("StackPushV2", "StackPopV2"):
+    users, handle = _through_switches(nodes, consumers, enter) if enter.op in ENTER else ([], None)
+    if len(users) == 1 and users[0].inputs[0][0] == handle and users[0].op in ("StackPushV2", "StackPopV2"):
       found.setdefault(users[0].op, []).append((enter, users[0]))
     elif any(u.op in ENTER for u in users):
       _refuse_stack(stack, "its loops are nested in other loops")
-    elif len(users) == 1 and users[0].op in SWITCH:
-      _refuse_stack(stack, "its loop pushes or pops it inside a tf.cond (each step's branch decides whether a "
-                    "value is saved, which a traced loop cannot carry)")
     else:
       _refuse_stack(stack, "it is not used as one push and one pop")
   if sorted(found) != ["StackPopV2", "StackPushV2"] or any(len(v) != 1 for v in found.values()):
@@ -337,6 +335,22 @@ def _push_and_pop(nodes, consumers, frames, parents, conds, stack: Node):
   if any(frames[e.name] not in conds for e in (push_enter, pop_enter)):
     _refuse_stack(stack, "it is not pushed and popped by while loops")
   return push_enter, push, pop_enter, pop
+
+
+def _through_switches(nodes, consumers, enter: Node) -> tuple[list[Node], str]:
+  """The users of a stack's Enter, seen through the Switches of the conds (in the loop) that push or
+  pop it in a branch; those Switches are removed: the push and the pop run at every step, outside
+  the conds (the cond gives the value pushed, zeros when its branch is not taken)."""
+  handle = enter.name
+  users = [nodes[c] for c in consumers.get(handle, [])]
+  while len(users) == 1 and users[0].op in SWITCH and users[0].inputs[0][0] == handle:
+    if handle != enter.name:
+      del nodes[handle]
+    handle = users[0].name
+    users = [nodes[c] for c in consumers.get(handle, [])]
+  if handle != enter.name:
+    del nodes[handle]
+  return users, handle
 
 
 def _only_orders(nodes, consumers, name: str) -> bool:
@@ -545,7 +559,7 @@ def _cond_regions(nodes, order, pred, switches: set[str]) -> list[dict]:
       elif c in side:
         found.append((side[c], origin[c]))
     sides = {b for b, _ in found if b is not None}
-    if not sides:
+    if not sides or node.attrs.get("_outside_cond"):   # a v1 stack's push or pop: every step, whatever the branch
       continue
     if len(sides) == 2:
       if node.op not in MERGE:

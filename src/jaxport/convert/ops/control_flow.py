@@ -338,10 +338,20 @@ def _branch_call(runtime: Runtime, fn_names: list[str], index, args, out_dtypes,
                  one_sided: dict[int, int] | None = None):
   """Calls branch `index` (an int at trace time, or a traced int via lax.switch).
 
-  `one_sided` maps outputs only one branch computes (a v1 cond's values its gradient reads) to that
-  branch; the others give zeros of its shape, which only an untaken branch of the gradient reads."""
+  `one_sided` maps outputs only one branch computes (a v1 cond's values that its gradient reads or a v1
+  stack pushes) to that branch; the others give zeros of its shapes, which only an untaken branch of
+  the gradient reads."""
   if is_concrete(index):
-    return runtime.call(fn_names[int(index)], args)
+    taken = int(index)
+    outs = runtime.call(fn_names[taken], args)
+    missing = {j: k for j, k in (one_sided or {}).items() if k != taken}
+    for k in set(missing.values()):   # a v1 stack may push them: zeros of the other branch's shapes
+      shapes = jax.eval_shape(lambda a, name=fn_names[k]: runtime.fork(state=dict(runtime.state)).call(name, a),
+                              list(args))
+      outs = list(outs)
+      for j in [j for j, d in missing.items() if d == k]:
+        outs[j] = jnp.zeros(shapes[j].shape, shapes[j].dtype)
+    return outs
   writes = any(_writes_state(runtime, n) for n in fn_names)
   dyn_idx = [i for i, a in enumerate(args) if _is_dynamic(a)]
   failed: list[tuple[int, DynamicShapeError]] = []
