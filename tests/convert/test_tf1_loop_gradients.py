@@ -62,9 +62,10 @@ def test_map_fn_gradient_pushes_tensor_array_flows():
 
 
 @pytest.mark.slow
-def test_dynamic_rnn_training_steps():
+def test_dynamic_rnn_training_steps(tmp_path):
   """A TF1 training graph: an LSTM by dynamic_rnn with ref variables, Adam's minimize, the loss fetched
-  after the train op. Three steps, params threaded through, eager and jit, against a Session's steps."""
+  after the train op. Three steps, params threaded through, eager, jit and as a loaded artifact, against
+  a Session's steps."""
   with v1_graph() as g:
     x = V1.placeholder(tf.float32, [2, 5, 3], name="x")
     y = V1.placeholder(tf.float32, [2, 4], name="y")
@@ -83,8 +84,9 @@ def test_dynamic_rnn_training_steps():
     losses = [sess.run(loss_after, {x: SEQ, y: ys}) for _ in range(3)]
     final = dict(zip([v.op.name for v in variables], sess.run(variables)))
   jax_fn, params = jaxport.convert_graph_def(g.as_graph_def(), ["x", "y"], "loss_after", variables=initial)
-  for run in (jax_fn, jax.jit(jax_fn)):
-    state = params
+  jaxport.export(jax_fn, params, SEQ, ys, path=tmp_path / "step")
+  loaded, loaded_params = jaxport.load(tmp_path / "step")
+  for run, state in ((jax_fn, params), (jax.jit(jax_fn), params), (jax.jit(loaded), loaded_params)):
     for expected_loss in losses:
       loss_value, state = run(state, SEQ, ys)
       np.testing.assert_allclose(loss_value, expected_loss, rtol=1e-5, atol=1e-6)
