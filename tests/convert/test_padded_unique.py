@@ -222,3 +222,54 @@ def test_tf_keras_optimizers_that_densify_sparse_gradients_train_under_jit(name)
   x = np.random.RandomState(1).randint(0, 6, (16, 5)).astype(np.int32)   # ids repeat within the batch
   y = np.random.RandomState(2).normal(size=(16, 1)).astype(np.float32)
   check_train_steps(model, optimizer, x, y, training=True)
+
+
+V1_OPTIMIZERS = {
+    "Adam": lambda: tf.compat.v1.train.AdamOptimizer(0.1),   # ScatterAdd into its ref slots
+    "Adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(0.1),
+    "Momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.1, 0.9, use_nesterov=True),
+    "RMSProp": lambda: tf.compat.v1.train.RMSPropOptimizer(0.1, momentum=0.5, centered=True),
+    "Ftrl": lambda: tf.compat.v1.train.FtrlOptimizer(0.1, l1_regularization_strength=0.01,
+                                                     l2_shrinkage_regularization_strength=0.1),
+    "Adadelta": lambda: tf.compat.v1.train.AdadeltaOptimizer(1.0),
+    "ProximalAdagrad": lambda: tf.compat.v1.train.ProximalAdagradOptimizer(0.1, l1_regularization_strength=0.01),
+    "AdagradDA": lambda: tf.compat.v1.train.AdagradDAOptimizer(0.1, tf.compat.v1.train.get_global_step()),
+    "GradientDescent": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),   # ScatterSub, no Unique
+}
+
+
+@pytest.mark.parametrize("name", list(V1_OPTIMIZERS))
+def test_tf1_optimizers_train_ref_embeddings_under_jit(name):
+  """A TF1 training graph with ref variables (`tf.compat.v1`'s default): the embedding's sparse
+  gradient goes through Unique into the ref forms of the sparse updates (`SparseApply*`, `ScatterAdd`).
+  Three steps under jit against a Session's, every variable and slot compared."""
+  from tf1_oracle import v1_graph
+  v1 = tf.compat.v1
+  ids_value = np.array([[1, 3, 3], [0, 7, 2]], np.int64)
+  y_value = np.array([[0.5], [-1.0]], np.float32)
+  with v1_graph() as g:
+    ids = v1.placeholder(tf.int64, [2, 3], name="ids")
+    y = v1.placeholder(tf.float32, [2, 1], name="y")
+    with v1.variable_scope("model", use_resource=False, initializer=v1.random_normal_initializer(seed=1)):
+      table, w = v1.get_variable("table", [VOCAB + 1, 4]), v1.get_variable("w", [4, 1])
+    pred = tf.matmul(tf.reduce_mean(tf.nn.embedding_lookup(table, ids), 1), w)
+    loss = tf.reduce_mean(tf.square(pred - y))
+    step = v1.train.get_or_create_global_step()
+    train = V1_OPTIMIZERS[name]().minimize(loss, global_step=step)
+    with tf.control_dependencies([train]):
+      loss_after = tf.identity(loss, name="loss_after")
+    variables = v1.global_variables()
+  ops = {n.op for n in g.as_graph_def().node}
+  assert ("Unique" in ops) == (name != "GradientDescent") and not any(op.startswith("Resource") for op in ops)
+  with v1.Session(graph=g) as sess:
+    sess.run(v1.global_variables_initializer())
+    initial = dict(zip([v.op.name for v in variables], sess.run(variables)))
+    losses = [sess.run(loss_after, {ids: ids_value, y: y_value}) for _ in range(3)]
+    final = dict(zip([v.op.name for v in variables], sess.run(variables)))
+  jax_fn, state = jaxport.convert_graph_def(g.as_graph_def(), ["ids", "y"], "loss_after", variables=initial)
+  step_fn = jax.jit(jax_fn)
+  for expected in losses:
+    loss_value, state = step_fn(state, ids_value, y_value)
+    np.testing.assert_allclose(loss_value, expected, rtol=1e-5, atol=1e-6)
+  for key, value in final.items():
+    np.testing.assert_allclose(state[key], value, rtol=1e-5, atol=1e-6, err_msg=key)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from jaxport.convert.graph import Node
 from jaxport.convert.interpreter import OpContext, VariableRef
+from jaxport.convert.ops import optimizers, state_scatter  # noqa: F401  (the twins, registered first)
 from jaxport.convert.registry import get_rule, register
 
 
@@ -61,15 +62,22 @@ def _as_resource_op(ctx, *inputs):
   return inputs[0]
 
 
-register("ScatterUpdate", "ScatterAdd", "ScatterSub", "ScatterMul", "ScatterDiv", "ScatterMax", "ScatterMin",
-         "ScatterNdUpdate", "ScatterNdAdd", "ScatterNdSub", "ScatterNdMax", "ScatterNdMin",
-         writes_state=True, structural=True)(_as_resource_op)
+def _register_ref_twins(*op_types: str) -> None:
+  """Registers ops that run their `Resource*` twin's rule, with the twin's row-index input (so padded
+  unique ids under jit end in a ref scatter as they do in a resource one)."""
+  for op in op_types:
+    twin = get_rule("Resource" + op)
+    register(op, writes_state=True, structural=True,
+             scatter_indices=None if twin is None else twin.scatter_indices)(_as_resource_op)
 
-register("ApplyGradientDescent", "ApplyProximalGradientDescent", "SparseApplyProximalGradientDescent",
-         "ApplyMomentum", "SparseApplyMomentum", "ApplyAdam", "ApplyAdaMax",
-         "ApplyAdagrad", "SparseApplyAdagrad", "ApplyAdagradV2", "SparseApplyAdagradV2",
-         "ApplyProximalAdagrad", "SparseApplyProximalAdagrad", "ApplyAdagradDA", "SparseApplyAdagradDA",
-         "ApplyAdadelta", "SparseApplyAdadelta", "ApplyRMSProp", "SparseApplyRMSProp",
-         "ApplyCenteredRMSProp", "SparseApplyCenteredRMSProp", "ApplyFtrl", "SparseApplyFtrl",
-         "ApplyFtrlV2", "SparseApplyFtrlV2", "ApplyAddSign", "ApplyPowerSign",
-         writes_state=True, structural=True)(_as_resource_op)
+
+_register_ref_twins("ScatterUpdate", "ScatterAdd", "ScatterSub", "ScatterMul", "ScatterDiv", "ScatterMax",
+                    "ScatterMin", "ScatterNdUpdate", "ScatterNdAdd", "ScatterNdSub", "ScatterNdMax", "ScatterNdMin")
+
+_register_ref_twins("ApplyGradientDescent", "ApplyProximalGradientDescent", "SparseApplyProximalGradientDescent",
+                    "ApplyMomentum", "SparseApplyMomentum", "ApplyAdam", "ApplyAdaMax",
+                    "ApplyAdagrad", "SparseApplyAdagrad", "ApplyAdagradV2", "SparseApplyAdagradV2",
+                    "ApplyProximalAdagrad", "SparseApplyProximalAdagrad", "ApplyAdagradDA", "SparseApplyAdagradDA",
+                    "ApplyAdadelta", "SparseApplyAdadelta", "ApplyRMSProp", "SparseApplyRMSProp",
+                    "ApplyCenteredRMSProp", "SparseApplyCenteredRMSProp", "ApplyFtrl", "SparseApplyFtrl",
+                    "ApplyFtrlV2", "SparseApplyFtrlV2", "ApplyAddSign", "ApplyPowerSign")
