@@ -747,6 +747,12 @@ def _cast(xp, x, dst, truncate):
     return _float_to_int(xp, x, dst)
   if truncate and _is_float(x) and jnp.issubdtype(dst, jnp.floating):
     x = _zero_low_mantissa_bits(xp, x, dst)
+  if xp is jnp and src.itemsize == 2 and _is_float(x) and jnp.issubdtype(dst, jnp.inexact):
+    # XLA folds a widening convert into the op before it (a bfloat16 dot then computes in float32,
+    # a reduction sums in float32), so TF's 16-bit rounding of that op would be lost; rounding to
+    # the 16-bit type's own widths (exact, kept by XLA's simplifier) holds the op in 16 bits
+    info = jnp.finfo(src)
+    x = lax.reduce_precision(x, info.nexp, info.nmant)
   return x.astype(dst)
 
 

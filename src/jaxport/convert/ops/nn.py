@@ -10,7 +10,7 @@ from jax import lax
 
 from jaxport.convert import export_marks
 from jaxport.convert.ops import conv_lowering, softmax_product
-from jaxport.convert.ops._util import static_ints
+from jaxport.convert.ops._util import static_ints, widened_for_sums
 from jaxport.convert.registry import register
 
 _DEFAULT_FORMAT = {2: "NHWC", 3: "NDHWC"}
@@ -290,6 +290,8 @@ def _valid_counts(shape, window, strides, pads) -> np.ndarray:
 
 def _avg_pool(x, window, strides, pads):
   x = jnp.asarray(x)
+  if x.dtype == jnp.bfloat16:   # TF's kernel sums and divides bfloat16 in float32, rounding once
+    return _avg_pool(widened_for_sums(x), window, strides, pads).astype(x.dtype)
   total = lax.reduce_window(x, np.array(0, x.dtype), lax.add, window, strides, pads)
   return total / _valid_counts(x.shape, window, strides, pads).astype(x.dtype)
 
@@ -353,7 +355,7 @@ class _BatchNorm:
 
   def __call__(self, x, scale, offset, mean, variance):
     """(y, mean, variance used): the batch's (biased) statistics in training, the given ones otherwise."""
-    x = jnp.asarray(x, jnp.float32)
+    x = widened_for_sums(jnp.asarray(x)).astype(jnp.float32)
     if self.training:
       mean = jnp.mean(x, axis=self.axes)
       variance = jnp.mean(jnp.square(x - mean.reshape(self.bshape)), axis=self.axes)
@@ -406,7 +408,7 @@ def fused_batch_norm_grad(ctx, dy, x, scale, saved_mean, saved_variance, *_):
 def _lrn(x, radius, bias, alpha, beta):
   """x / (bias + alpha * sum of squares over a window of 2r+1 channels) ** beta."""
   x = jnp.asarray(x)
-  xf = x.astype(jnp.float32)
+  xf = widened_for_sums(x).astype(jnp.float32)
   window = (1,) * (x.ndim - 1) + (2 * radius + 1,)
   pads = ((0, 0),) * (x.ndim - 1) + ((radius, radius),)
   sq_sum = lax.reduce_window(jnp.square(xf), np.float32(0), lax.add, window, (1,) * x.ndim, pads)
@@ -456,14 +458,20 @@ def bias_add_grad(ctx, out_backprop):
   return jnp.sum(jnp.asarray(out_backprop), axis=axes)
 
 
+def _in_float32(fn, x):
+  """`fn(x)` computed in float32 for 16-bit floats, rounded once (TF's softmax kernels do so)."""
+  x = jnp.asarray(x)
+  return fn(widened_for_sums(x)).astype(x.dtype) if x.dtype in (jnp.float16, jnp.bfloat16) else fn(x)
+
+
 @register("Softmax", size_bounded=True)
 def softmax(ctx, logits):
   logits = jnp.asarray(logits)
-  return softmax_product.remember(ctx, jax.nn.softmax(logits, axis=-1), logits)
+  return softmax_product.remember(ctx, _in_float32(lambda x: jax.nn.softmax(x, axis=-1), logits), logits)
 
 
 @register("LogSoftmax", size_bounded=True)
-def log_softmax(ctx, logits):
+def log_softmax(ctx, logits):   # in the input dtype: float32 would move bfloat16 results off TF by an ulp
   return jax.nn.log_softmax(jnp.asarray(logits), axis=-1)
 
 

@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 from jax import lax
 
-from jaxport.convert.ops._util import static_ints
+from jaxport.convert.ops._util import static_ints, widened_for_sums
 from jaxport.convert.ops.math import apply, truncate_div
 from jaxport.convert.registry import register
 from jaxport.errors import InvalidNodeError
@@ -54,6 +54,8 @@ def _is_float(x) -> bool:
 
 @_reduction("Sum")
 def _sum(xp, x, axes):
+  if x.dtype == ml_dtypes.bfloat16:   # TF's kernel sums bfloat16 in float32 and rounds once
+    return xp.sum(widened_for_sums(x), axis=axes).astype(x.dtype)
   return xp.sum(x, axis=axes, dtype=x.dtype)   # integers wrap around in their own type, like TF
 
 
@@ -98,9 +100,7 @@ def _mean(xp, x, axes):
     return _integer_mean(xp, x, axes)
   if not _count(x, axes):   # NaN, like TF (NumPy's mean would also warn)
     return xp.full_like(xp.sum(x, axis=axes), np.nan)
-  if xp is np and np.dtype(x.dtype).itemsize < 4:   # jnp.mean already accumulates in float32
-    return np.mean(x, axis=axes, dtype=np.float32).astype(x.dtype)
-  return xp.mean(x, axis=axes)
+  return xp.mean(widened_for_sums(x), axis=axes).astype(x.dtype)   # 16-bit floats: in float32, like TF
 
 
 def _integer_mean(xp, x, axes):
@@ -171,15 +171,18 @@ _arg_reduction("ArgMin", largest=False)
 # --------------------------------------------------------------------------- cumulative ops
 
 
-def _cumulative(op_type, jax_scan, numpy_scan, identity):
+def _cumulative(op_type, jax_scan, numpy_scan, identity, sequential=None):
   """`*_scan(x, axis)` are inclusive forward scans; the rule adds `reverse` and `exclusive`.
-  `numpy_scan=None` computes constants with JAX too."""
+  `numpy_scan=None` computes constants with JAX too. `sequential(carry, x)`: the step TF's kernel
+  takes for 16-bit floats, rounding each partial result (NumPy's scans of them do too)."""
   def rule(ctx, x, axis):
     axis, = _axes(ctx, x, axis)
     reverse, exclusive = ctx.attr("reverse", False), ctx.attr("exclusive", False)
     def fn(xp, x):
       if xp is np:
         scanned = np.flip(numpy_scan(np.flip(x, axis), axis), axis) if reverse else numpy_scan(x, axis)
+      elif sequential is not None and np.dtype(x.dtype).itemsize == 2 and _is_float(x):
+        scanned = _sequential_scan(sequential, x, axis, reverse)
       else:
         scanned = jax_scan(x, axis=axis, reverse=reverse)
       return _shift_in_identity(xp, scanned, axis, reverse, identity) if exclusive else scanned
@@ -200,6 +203,20 @@ def _shift_in_identity(xp, scanned, axis, reverse, identity):
   return xp.concatenate(parts, axis=axis)
 
 
-_cumulative("Cumsum", lax.cumsum, lambda x, axis: np.cumsum(x, axis, dtype=x.dtype), 0)
-_cumulative("Cumprod", lax.cumprod, lambda x, axis: np.cumprod(x, axis, dtype=x.dtype), 1)
+def _sequential_scan(step, x, axis, reverse):
+  """The inclusive scan of `x` along `axis`, one element after another, in `x`'s dtype."""
+  def body(carry, row):
+    carry = step(carry, row)
+    return carry, carry
+  rows = jnp.moveaxis(x, axis, 0)
+  if rows.shape[0] == 0:
+    return x
+  _, scanned = lax.scan(body, jnp.zeros_like(rows[0]) if step is jnp.add else jnp.ones_like(rows[0]),
+                        rows, reverse=reverse)
+  return jnp.moveaxis(scanned, 0, axis)
+
+
+_cumulative("Cumsum", lax.cumsum, lambda x, axis: np.cumsum(x, axis, dtype=x.dtype), 0, sequential=jnp.add)
+_cumulative("Cumprod", lax.cumprod, lambda x, axis: np.cumprod(x, axis, dtype=x.dtype), 1,
+            sequential=jnp.multiply)
 _cumulative("CumulativeLogsumexp", lax.cumlogsumexp, None, -np.inf)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxport.convert import padded_rows
-from jaxport.convert.ops._util import known_value, static_value, xp
+from jaxport.convert.ops._util import known_value, static_value, widened_for_sums, xp
 from jaxport.convert.ops.array import _static_int
 from jaxport.convert.ops.gather_scatter import _check_bounds, _get, _segment_reduce
 from jaxport.convert.registry import register
@@ -54,11 +54,6 @@ def _known_sorted_ids(ctx, segment_ids, bound: int | None):
   return ids
 
 
-def _accumulated(x):
-  """16-bit floats widened to float32 for the sums (TF's kernels accumulate them so)."""
-  return x.astype(np.float32) if np.dtype(x.dtype).itemsize == 2 and not np.issubdtype(x.dtype, np.integer) else x
-
-
 def _segment_divisor(how: str, ids, segments: int, dtype):
   """What each segment is divided by: its count (mean) or the count's square root (sqrtn); 1 where
   it is empty. Per segment, shaped to broadcast over its rows' trailing axes by the caller."""
@@ -82,7 +77,7 @@ def sparse_segment(ctx, data, indices, segment_ids, num_segments=None):
     segments = _static_int(ctx, num_segments, "num_segments")
     ids = _known_sorted_ids(ctx, segment_ids, segments)
   _check_bounds(ctx, indices, np.shape(data)[0])
-  rows = _accumulated(_get(data, (indices,), zeros_out_of_range=False))
+  rows = widened_for_sums(_get(data, (indices,), zeros_out_of_range=False))
   total = _segment_reduce(rows, ids, segments, "add")
   if how != "sum":   # TF's forward kernels divide; their gradients multiply by the reciprocal
     total = total / _per_row(_segment_divisor(how, ids, segments, total.dtype), np.ndim(total))
@@ -98,7 +93,7 @@ def _scaled_rows_per_entry(ctx, how: str, grad, segment_ids):
                            f"rows), got values in [{ids.min()}, {ids.max()}]")
   if ids is None:   # traced negative ids: past the last segment, so they count nowhere and read zeros
     segment_ids = jnp.where(segment_ids < 0, segments, segment_ids)
-  grad = _accumulated(grad)
+  grad = widened_for_sums(grad)
   if how != "sum":
     grad = grad * _per_row(1 / _segment_divisor(how, segment_ids, segments, grad.dtype), np.ndim(grad))
   return _get(grad, (segment_ids,), zeros_out_of_range=True)
