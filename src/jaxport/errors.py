@@ -138,21 +138,26 @@ class DynamicLoopError(DynamicShapeError):
 
 
 class PaddedSizeError(DynamicShapeError):
-  """A Unique's outputs, sized by the number of distinct values, are padded to their bound under
-  jit; a node uses them in a way the padding would change (anything but per-row math ending in a
-  scatter into a variable or a gather at Unique's `idx`)."""
+  """Outputs sized by values (a Unique's distinct values, a DynamicPartition's rows per partition)
+  are padded to their bound under jit; a node uses them in a way the padding would change (anything
+  but per-row math ending in a scatter, a stitch or a gather at Unique's `idx`)."""
 
-  def __init__(self, origin: str, rows: int, op: str | None, node: str):
-    """`op` None: `node` names a function whose outputs include a padded value."""
+  _SIZED_BY = {"Unique": "as many outputs as distinct values",
+               "DynamicPartition": "outputs as long as the number of rows each partition gets"}
+
+  def __init__(self, origin: str, rows: int, op: str | None, node: str, maker: str = "Unique"):
+    """`op` None: `node` names a function whose outputs include a padded value; `maker` is the op
+    whose outputs were padded (`origin` its node)."""
     self.op, self.node, self.operand = op, node, f"the size of {origin!r}'s outputs"
     user = f"{op} node {node!r} uses them otherwise" if op else f"function {node!r} returns one"
     Exception.__init__(
         self,
-        f"Unique node {origin!r} has as many outputs as distinct values, known only at run time. Traced "
-        f"(under jax.jit, vmap or grad, or inside a TF loop) they are padded to {rows}, which is exact "
-        "while they only pick, combine and scatter rows (a sparse gradient summed per id and scattered "
-        f"into a variable, a lookup deduplicated first), but {user}. Call the converted function without "
-        "jax.jit (its inputs are then concrete), or keep the unique values inside such an update in TF.")
+        f"{maker} node {origin!r} has {self._SIZED_BY.get(maker, 'outputs sized by values')}, known only "
+        f"at run time. Traced (under jax.jit, vmap or grad, or inside a TF loop) they are padded to {rows}, "
+        "which is exact while they only pick, combine and scatter rows (a sparse gradient summed per id and "
+        "scattered into a variable, a lookup deduplicated first, a lookup into partitioned variables "
+        f"stitched back), but {user}. Call the converted function without jax.jit (its inputs are then "
+        "concrete), or keep the padded values inside such an update in TF.")
 
 
 class InteropInputError(JaxportError, TypeError):

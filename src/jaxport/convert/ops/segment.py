@@ -4,7 +4,10 @@
 The segment ids, stitch indices and partitions decide the output shapes, so they must be
 known when tracing: constants, or any value when the converted function runs without jit
 (under jit they raise `DynamicShapeError`). Being known, they are checked like TF's CPU
-kernels check them. Differences from TF: `SparseToDense` checks its indices only when they
+kernels check them. One exception: traced partitions pad DynamicPartition's outputs to their
+bound, and a stitch of one partitioning of known positions takes them back (TF's lookup into
+partitioned variables; `convert/padded_rows.py`). Traced partitions outside [0, num_partitions)
+put their rows in no output (TF raises). Differences from TF: `SparseToDense` checks its indices only when they
 are known; traced out-of-range indices are dropped. Rows that no stitch index names are
 zeros (TF: also zeros on CPU).
 """
@@ -12,6 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
+import jax.numpy as jnp
+
+from jaxport.convert import padded_rows
 from jaxport.convert.ops._util import known_value, static_ints, static_value, xp
 from jaxport.convert.ops.gather_scatter import _scatter, _segment_reduce, segment_prod
 from jaxport.convert.registry import register
@@ -60,8 +66,10 @@ def sorted_segment(ctx, data, segment_ids):
 def dynamic_stitch(ctx, *inputs):
   """Row `indices[m][i]` of the output is `data[m][i]`; for a repeated index the last one wins."""
   n = len(inputs) // 2
-  indices = [static_value(i, "indices", ctx).astype(np.int64) for i in inputs[:n]]
   data = inputs[n:]
+  if any(padded_rows.padding_of(ctx.runtime, i) is not None for i in inputs[:n]):
+    return _padded_stitch(ctx, inputs[:n], data)
+  indices = [static_value(i, "indices", ctx).astype(np.int64) for i in inputs[:n]]
   trailing = np.shape(data[0])[np.ndim(indices[0]):]
   flat_indices = np.concatenate([i.reshape(-1) for i in indices])
   if flat_indices.size and flat_indices.min() < 0:
@@ -75,10 +83,30 @@ def dynamic_stitch(ctx, *inputs):
   return m.concatenate(rows)[source]
 
 
+def _padded_stitch(ctx, indices, data):
+  """The stitch of one padded partitioning of known positions (TF's partitioned lookup): its
+  size is one past the largest position, the padding positions (out of range) are dropped."""
+  records = [padded_rows.padding_of(ctx.runtime, i) for i in indices]
+  partitions = {r.partition for r in records}
+  origins = {p[0] for p in partitions if p is not None}
+  whole = (None not in partitions and len(origins) == 1 and len(partitions) == len(records)
+           and sorted(p[1] for p in partitions) == list(range(records[0].partition[2])))
+  if not whole or len({r.bound for r in records}) != 1 or records[0].bound is None:
+    raise padded_rows.refuse(records[0], ctx.op, ctx.name)
+  size, trailing = records[0].bound, np.shape(data[0])[1:]
+  flat = jnp.concatenate([jnp.reshape(i, (-1,)) for i in indices])
+  positions = jnp.arange(flat.shape[0], dtype=jnp.int32)
+  source = jnp.full(size, -1, jnp.int32).at[flat].max(positions, mode="drop")   # the last one wins
+  rows = jnp.concatenate([jnp.reshape(d, (-1,) + trailing) for d in data] + [jnp.zeros((1,) + trailing, data[0].dtype)])
+  return rows[jnp.where(source < 0, flat.shape[0], source)]
+
+
 @register("DynamicPartition")
 def dynamic_partition(ctx, data, partitions):
   """`num_partitions` outputs; output k holds the slices of `data` whose partition is k, in order."""
   k = ctx.attr("num_partitions")
+  if known_value(partitions) is None:
+    return _padded_partition(ctx, data, partitions, k)
   parts = static_value(partitions, "partitions", ctx).astype(np.int64)
   if parts.size and (parts.min() < 0 or parts.max() >= k):
     raise InvalidNodeError(f"DynamicPartition node {ctx.name!r}: partitions must be in [0, {k}), got "
@@ -87,6 +115,30 @@ def dynamic_partition(ctx, data, partitions):
   rows = m.reshape(data, (-1,) + np.shape(data)[parts.ndim:])
   flat = parts.reshape(-1)
   return [rows[np.flatnonzero(flat == p)] for p in range(k)]
+
+
+def _padded_partition(ctx, data, partitions, k: int) -> list:
+  """Traced partitions: output p holds the rows of partition p in order, padded to all the rows
+  (with the dtype's largest value for a vector of ints, so that a gather or scatter at them
+  reads a clamped row and writes none; zeros otherwise)."""
+  flat = jnp.reshape(partitions, (-1,))
+  n = flat.shape[0]
+  rows = jnp.reshape(jnp.asarray(data), (n,) + np.shape(data)[np.ndim(partitions):])
+  ids = rows.ndim == 1 and jnp.issubdtype(rows.dtype, jnp.integer)
+  known = known_value(data)
+  bound = None   # a stitch's size: one past the largest known position
+  if ids and known is not None and (known.size == 0 or known.min() >= 0):
+    bound = int(known.max()) + 1 if known.size else 0
+  src, index = ctx.node.inputs[1]
+  outputs = []
+  for p in range(k):
+    taken = flat == p
+    at = jnp.where(taken, jnp.cumsum(taken, dtype=jnp.int32) - 1, n)   # n: out of range, dropped
+    out = jnp.full(rows.shape, jnp.iinfo(rows.dtype).max if ids else 0, rows.dtype).at[at].set(rows, mode="drop")
+    padded_rows.mark(ctx.runtime, out, padded_rows.INDEX if ids else padded_rows.ROWS, ctx.name, n,
+                     key=f"{src}:{index}#{p}", maker="DynamicPartition", partition=(ctx.name, p, k), bound=bound)
+    outputs.append(out)
+  return outputs
 
 
 def _check_sparse_indices(ctx, indices: np.ndarray, shape: list[int]) -> None:

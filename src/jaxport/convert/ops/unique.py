@@ -35,10 +35,11 @@ def _unique(ctx, x, axis: int | None):
 def _padded_unique(ctx, ids, out_idx):
   """`_unique` of traced integer ids, its outputs padded to len(ids): the padding ids are the
   dtype's largest value (out of range of any variable), their counts zero."""
+  source = padded_rows.padding_of(ctx.runtime, ids)   # ids padded before (a partition's)
   n = ids.shape[0]
   fill = jnp.iinfo(ids.dtype).max
   if n == 0:
-    unique, idx, counts = ids, jnp.zeros(0, out_idx), jnp.zeros(0, out_idx)
+    unique, idx, counts = jnp.zeros(0, ids.dtype), jnp.zeros(0, out_idx), jnp.zeros(0, out_idx)
   else:
     positions = jnp.arange(n, dtype=jnp.int32)
     by_value = jnp.argsort(ids, stable=True)
@@ -55,6 +56,8 @@ def _padded_unique(ctx, ids, out_idx):
     counts = jnp.zeros(n, out_idx).at[rank[group]].add(1)
   padded_rows.mark(ctx.runtime, unique, padded_rows.INDEX, ctx.name, n)
   padded_rows.mark(ctx.runtime, counts, padded_rows.ROWS, ctx.name, n)
+  if source is not None:   # `idx` lines up with the padded ids' rows
+    padded_rows.mark_like(ctx.runtime, idx, padded_rows.ROWS, source)
   return unique, idx, counts
 
 
