@@ -138,12 +138,13 @@ class DynamicLoopError(DynamicShapeError):
 
 
 class PaddedSizeError(DynamicShapeError):
-  """Outputs sized by values (a Unique's distinct values, a DynamicPartition's rows per partition)
-  are padded to their bound under jit; a node uses them in a way the padding would change (anything
+  """Outputs sized by values (a Unique's distinct values, a DynamicPartition's rows per partition,
+  accidental hits) are padded to their bound under jit; a node uses them in a way the padding would change (anything
   but per-row math ending in a scatter, a stitch or a gather at Unique's `idx`)."""
 
   _SIZED_BY = {"Unique": "as many outputs as distinct values",
-               "DynamicPartition": "outputs as long as the number of rows each partition gets"}
+               "DynamicPartition": "outputs as long as the number of rows each partition gets",
+               "ComputeAccidentalHits": "as many outputs as true classes that were also sampled"}
 
   def __init__(self, origin: str, rows: int, op: str | None, node: str, maker: str = "Unique"):
     """`op` None: `node` names a function whose outputs include a padded value; `maker` is the op

@@ -17,8 +17,10 @@ number of segments: TF densifying a deduplicated `IndexedSlices` (tf_keras' Nada
 and Ftrl square or scale the gradient so). Any other use (a reduction, a function output, a loop)
 raises `PaddedSizeError` before it runs.
 
-`tf.dynamic_partition(data, partitions, k)` pads the same way: output p holds the rows whose
-partition is p, in order, then padding (out-of-range ids for a vector of ints, zeros otherwise).
+`tf.nn.compute_accidental_hits` pads its hits the same way, and `SparseToDense` at their
+coordinates drops the padding (`sampled_softmax_loss`). `tf.dynamic_partition(data, partitions, k)`
+pads too: output p holds the rows whose partition is p, in order, then padding (out-of-range ids
+for a vector of ints, zeros otherwise).
 The outputs of partitions with the same `partitions` tensor line up row by row, whichever
 DynamicPartition made them. TF's partitioned-variable lookup partitions the ids and their positions,
 gathers from each part and stitches the rows back (`ParallelDynamicStitch`): the stitch drops
@@ -39,6 +41,7 @@ INDEX = "row indices"   # the unique ids, padded with out-of-range ids
 COUNT = "row count"     # their number: the padded length
 ROWS = "rows"           # axis 0 aligned with the unique ids, padded rows beyond the count
 SHAPE = "shape"         # a shape vector whose first entry is the row count
+COORDS = "coordinates"  # [rows, k] coordinates whose first column is row indices (padding: out of range)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +151,13 @@ def _output_kind(node, inputs, read: list[tuple[int, str]]) -> str | None | bool
     return INDEX
   if op in ("MatMul", "BiasAdd") and read == [(0, ROWS)] and not node.attrs.get("transpose_a"):
     return ROWS    # row by row
+  if op == "ConcatV2" and len(inputs) == 3 and read in ([(0, INDEX), (1, ROWS)], [(0, INDEX)]):
+    axis = inputs[2]
+    return COORDS if np.ndim(inputs[0]) == 2 and isinstance(axis, (int, np.integer, np.ndarray)) and \
+        int(axis) in (1, -1) else False   # [index, other coordinate] per row
+  if op in ("SparseToDense", "ScatterNd") and read in ([(0, COORDS)], [(0, COORDS), (2 if op == "SparseToDense"
+                                                                                       else 1, ROWS)]):
+    return None    # the padding rows' coordinates are out of range: dropped
   if _is_sparse_segment_reduction(op) and read == [(0, ROWS)]:
     return None   # rows picked at `indices` (Unique's `idx`: real rows only), then reduced
   if _is_segment_reduction(op) and read == [(2, COUNT)]:
@@ -183,7 +193,9 @@ def mark_outputs(runtime, node, inputs, out, plan: tuple[str, Padded]) -> None:
     elif kind == SHAPE:
       aligned = len(shape) == 1 and shape[0] >= 1 and int(np.asarray(leaf)[0]) == source.rows
     elif kind == INDEX:
-      aligned = shape == (source.rows,)
+      aligned = shape in ((source.rows,), (source.rows, 1))
+    elif kind == COORDS:
+      aligned = len(shape) == 2 and shape[0] == source.rows
     else:   # rows read row by row keep their rank (no broadcasting moves the padded axis)
       aligned = len(shape) >= 1 and shape[0] == source.rows and len(row_ranks) <= 1
       aligned = aligned and (not row_ranks or len(shape) in row_ranks or node.op == "Reshape")
