@@ -166,9 +166,9 @@ def test_sampled_softmax_training_graph_under_jit_matches_session():
     assert_close(state[key], value, 1e-5, 1e-6, key)
 
 
-def test_sampled_softmax_with_tfs_sampler_trains_under_jit():
+def test_sampled_softmax_with_tfs_sampler_trains_under_jit(tmp_path):
   """The default path: TF's LogUniform sampler inside `sampled_softmax_loss`, drawn from `rng`;
-  a jitted Adam step, its loss finite and falling, jax.grad through it."""
+  jitted gradient steps, the loss finite and falling; the same through an exported artifact."""
   v1 = tf.compat.v1
   w = tf.Variable(np.random.RandomState(0).normal(size=(30, 8)).astype(np.float32))
   b = tf.Variable(np.zeros(30, np.float32))
@@ -189,3 +189,12 @@ def test_sampled_softmax_with_tfs_sampler_trains_under_jit():
     values.append(float(value))
   assert np.all(np.isfinite(values)) and np.mean(values[-5:]) < 0.8 * np.mean(values[:5])
   assert all(bool(jnp.all(jnp.isfinite(d))) for d in g.values())
+
+  path = tmp_path / "artifact"   # exported and loaded: the same draws for the same key, and gradients
+  jaxport.export(jax_fn, params, h, labels, path=str(path), rng=jax.random.key(0))
+  loaded, loaded_params = jaxport.load(str(path))
+  key = jax.random.key(99)
+  value, g = grad(params, key)
+  loaded_value, loaded_g = jax.jit(jax.value_and_grad(lambda p: loaded(p, h, labels, rng=key)[0]))(loaded_params)
+  assert_close(loaded_value, value, 0, 1e-6, "loaded loss")
+  assert_close(loaded_g, g, 1e-6, 1e-5, "loaded gradients")
