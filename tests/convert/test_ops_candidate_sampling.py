@@ -124,10 +124,13 @@ def test_all_candidate_sampler_matches_tf():
     jax_fn(params)   # TF: InvalidArgumentError, naming the first such class
 
 
-def test_sampled_softmax_training_graph_under_jit_matches_session():
-  """A TF1 word2vec-style step: `sampled_softmax_loss` with fed sampled values (so TF is
-  deterministic) and accidental hits removed, trained by Adagrad. Three steps under jit against a
-  Session's: the losses and every variable."""
+@pytest.mark.parametrize("loss_name,partitioned", [("sampled_softmax_loss", False), ("nce_loss", True),
+                                                    ("sampled_softmax_loss", True)])
+def test_sampled_softmax_training_graph_under_jit_matches_session(loss_name, partitioned):
+  """A TF1 word2vec-style step: `sampled_softmax_loss` or `nce_loss` with fed sampled values (so TF
+  is deterministic) and accidental hits removed, trained by Adagrad; partitioned: the embedding and
+  the output weights partitioned variables (looked up with `max_norm`, `partition_strategy="div"`).
+  Three steps under jit against a Session's: the losses and every variable."""
   from tf1_oracle import v1_graph
   v1 = tf.compat.v1
   rs = np.random.RandomState(0)
@@ -140,17 +143,20 @@ def test_sampled_softmax_training_graph_under_jit_matches_session():
     sampled = v1.placeholder(tf.int64, [6], "sampled")
     true_expected = v1.placeholder(tf.float32, [4, 1], "true_expected")
     sampled_expected = v1.placeholder(tf.float32, [6], "sampled_expected")
-    emb = v1.get_variable("emb", [16, 8], initializer=v1.random_uniform_initializer(-1, 1, seed=1))
-    w = v1.get_variable("w", [16, 8], initializer=v1.truncated_normal_initializer(seed=2))
+    parts = (lambda n: dict(partitioner=v1.fixed_size_partitioner(n))) if partitioned else (lambda n: {})
+    emb = v1.get_variable("emb", [16, 8], initializer=v1.random_uniform_initializer(-1, 1, seed=1), **parts(2))
+    w = v1.get_variable("w", [16, 8], initializer=v1.truncated_normal_initializer(seed=2), **parts(3))
     b = v1.get_variable("b", [16], initializer=v1.zeros_initializer())
-    loss = tf.reduce_mean(v1.nn.sampled_softmax_loss(
-        w, b, labels, tf.nn.embedding_lookup(emb, x), num_sampled=6, num_classes=16,
+    h = v1.nn.embedding_lookup(emb, x, partition_strategy="div", max_norm=1.0 if partitioned else None)
+    loss = tf.reduce_mean(getattr(v1.nn, loss_name)(
+        w, b, labels, h, num_sampled=6, num_classes=16, partition_strategy="div",
         sampled_values=(sampled, true_expected, sampled_expected), remove_accidental_hits=True))
     train = v1.train.AdagradOptimizer(0.5).minimize(loss)
     with tf.control_dependencies([train]):
       tf.identity(loss, name="loss_after")
     variables = v1.global_variables()
-  assert "ComputeAccidentalHits" in {n.op for n in g.as_graph_def().node}
+  graph_ops = {n.op for n in g.as_graph_def().node}
+  assert "ComputeAccidentalHits" in graph_ops and ("DynamicPartition" in graph_ops) == partitioned
   with v1.Session(graph=g) as sess:
     sess.run(v1.global_variables_initializer())
     initial = dict(zip([v.op.name for v in variables], sess.run(variables)))
