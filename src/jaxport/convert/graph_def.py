@@ -1,11 +1,11 @@
 """TF1 graphs → JAX: plain or frozen GraphDefs, and graph-level variables of TF1 SavedModels.
 
 `convert_graph_def(graph_def, inputs, outputs)` converts the part of a GraphDef
-(a proto or a `.pb`/`.pbtxt` path) that computes `outputs` from `inputs`. v1 control
+(a proto or a `.pb`/`.pbtxt`/`.meta` path) that computes `outputs` from `inputs`. v1 control
 flow and ref variables are lowered by `v1_control_flow`. Variables become params:
 their initial values come from their initializers (`<var>/Assign`) when those are
-constant expressions, or from `variables=`; random initializers draw from JAX's
-generator, so their values differ from TF's.
+constant expressions, or from `variables=` (a dict, or a Saver checkpoint's prefix); random
+initializers draw from JAX's generator, so their values differ from TF's.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from jaxport import config as _config
-from jaxport.convert import api
+from jaxport.convert import api, checkpoints
 from jaxport.convert.graph import GraphFunction, Library, Node, decode_nodes, parse_tensor_name
 from jaxport.convert.interpreter import Runtime, run_function
 from jaxport.convert.registry import ops_where
@@ -31,20 +31,23 @@ _ASSIGN_OPS = frozenset({"Assign", "AssignVariableOp"})
 
 
 def load_graph_def(graph_def_or_path) -> Any:
-  """A `GraphDef` proto from itself, a binary `.pb` file or a text `.pbtxt` file."""
+  """A `GraphDef` proto from itself, a MetaGraphDef (a Saver's `.meta` file, or the proto), a binary
+  `.pb` file or a text `.pbtxt` file."""
   tf = api._tf()
   if isinstance(graph_def_or_path, tf.compat.v1.GraphDef):
     return graph_def_or_path
+  if isinstance(graph_def_or_path, tf.compat.v1.MetaGraphDef):
+    return graph_def_or_path.graph_def
   path = os.fspath(graph_def_or_path)
-  graph_def = tf.compat.v1.GraphDef()
+  proto = tf.compat.v1.MetaGraphDef() if path.endswith(".meta") else tf.compat.v1.GraphDef()
   with open(path, "rb") as f:
     data = f.read()
   if path.endswith((".pbtxt", ".txt")):
     from google.protobuf import text_format
-    text_format.Parse(data.decode("utf-8"), graph_def)
+    text_format.Parse(data.decode("utf-8"), proto)
   else:
-    graph_def.ParseFromString(data)
-  return graph_def
+    proto.ParseFromString(data)
+  return proto.graph_def if path.endswith(".meta") else proto
 
 
 def variable_key(node: Node) -> str:
@@ -78,13 +81,15 @@ def _initial_values(nodes: dict[str, Node], library: Library, variables: dict[st
 
 
 def convert_graph_def(graph_def, inputs: Sequence[str], outputs: str | Sequence[str], *,
-                      variables: Mapping[str, Any] | None = None) -> tuple[api.ConvertedFunction, dict]:
+                      variables: Mapping[str, Any] | str | os.PathLike | None = None) -> tuple[api.ConvertedFunction, dict]:
   """Converts the subgraph of `graph_def` from `inputs` to `outputs` (tensor names, `"x:0"` or `"x"`).
 
   Returns `(jax_fn, params)`; `jax_fn(params, *inputs, rng=None)` returns `(outputs, new_params)`
   (one output when `outputs` is a string, else a list; a name `"^op"` runs `op` for its effects,
   such as a train op, and returns nothing). Graph variables (`VariableV2`,
-  `VarHandleOp`) are params keyed by name; `variables` sets or overrides their values.
+  `VarHandleOp`) are params keyed by name; `variables` sets or overrides their values: a dict, or
+  the prefix of a `tf.compat.v1.train.Saver` checkpoint (`graph_def` then often its `.meta` file),
+  read as the graph's Saver restores it (`convert/checkpoints.py`).
   A `PlaceholderWithDefault` that is not among `inputs` keeps its default.
   """
   graph_def = load_graph_def(graph_def)
@@ -120,6 +125,8 @@ def convert_graph_def(graph_def, inputs: Sequence[str], outputs: str | Sequence[
 
   graph_vars = _graph_variables(graph, library)
   params = _initial_values(raw_nodes, library, graph_vars)
+  if checkpoints.is_checkpoint(variables):   # a Saver's checkpoint prefix
+    variables = checkpoints.checkpoint_values(variables, raw_nodes, graph_vars)
   for key, value in (variables or {}).items():
     params[key] = api.Variable(np.asarray(value), name=key)
   specs = []
