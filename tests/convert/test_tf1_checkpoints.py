@@ -1,6 +1,7 @@
 """TF1 checkpoints: `convert_graph_def(meta_or_graph, inputs, outputs, variables=prefix)` reads the
 variables as the graph's Saver restores them (`convert/checkpoints.py`). TF is the oracle: a Session
 that trained, saved, and goes on training."""
+import json
 import os
 import re
 
@@ -113,3 +114,15 @@ def test_bad_checkpoints_raise_model_file_errors(tmp_path):
   graph_def.node.extend(kept)
   with pytest.raises(ModelFileError, match="holds no 'model/w' for variable 'model/w'"):
     jaxport.convert_graph_def(graph_def, ["ids"], "pred", variables=other_prefix)
+
+
+def test_inspect_reads_a_meta_file(tmp_path, capsys):
+  """`jaxport inspect model.ckpt-2.meta`: every op of the graph native; the Saver's file I/O
+  (SaveV2, RestoreV2), which `variables=` replaces, is not listed."""
+  from jaxport import cli
+  _, prefix, *_ = _trained(tmp_path)
+  assert cli.main(["inspect", prefix + ".meta", "--json"]) == 0
+  report = json.loads(capsys.readouterr().out)
+  ops = {row["op"]: row["tier"] for r in report["functions"] for row in r["rows"]}
+  assert {"DynamicPartition", "ParallelDynamicStitch", "ScatterAdd", "ResourceApplyAdam"} <= set(ops)
+  assert set(ops.values()) == {"native"} and not {"SaveV2", "RestoreV2"} & set(ops), ops

@@ -21,6 +21,7 @@ from jaxport.convert.graph import Node
 from jaxport.errors import ModelFileError
 
 _RESTORE_OPS = frozenset({"RestoreV2"})
+SAVER_IO_OPS = frozenset({"SaveV2", "RestoreV2", "MergeV2Checkpoints"})   # replaced by variables=<prefix>
 _ASSIGN_OPS = frozenset({"Assign", "AssignVariableOp"})
 _PART = re.compile(r"^(?P<head>.+)/part_(?P<k>\d+)(?P<tail>/.+)?$")   # a part, or a part's slot
 

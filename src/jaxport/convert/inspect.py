@@ -230,8 +230,8 @@ def inspect_path(path: str, signature: str | None = None) -> list[InspectReport]
 
 
 def inspect_graph_def_file(path: str) -> InspectReport:
-  """The report of every op in a frozen or plain GraphDef file (`.pb` / `.pbtxt`, TF1 control flow
-  included): all of its nodes, since the file names no outputs."""
+  """The report of every op in a frozen or plain GraphDef file (`.pb` / `.pbtxt`, or a Saver's `.meta`;
+  TF1 control flow included): all of its nodes, since the file names no outputs."""
   from jaxport.convert.graph_def import load_graph_def
   try:
     graph_def = load_graph_def(path)
@@ -240,10 +240,13 @@ def inspect_graph_def_file(path: str) -> InspectReport:
                          "binary .pb or text .pbtxt GraphDef (tf.io.write_graph writes both).") from None
   if not graph_def.node:
     raise ModelFileError(f"{path} holds no graph nodes; pass the GraphDef of a model.")
+  from jaxport.convert.checkpoints import SAVER_IO_OPS
   from jaxport.convert.v1_control_flow import lower_v1_graph
   nodes = decode_nodes(graph_def.node)
   graph, library = GraphFunction("main", nodes, [], [], list(nodes)), Library(graph_def.library.function)
   report = _report(graph, library, os.path.basename(path))
+  # a Saver's file I/O is not converted: convert_graph_def reads its checkpoint (variables=)
+  report = InspectReport(report.name, tuple(row for row in report.rows if row.op not in SAVER_IO_OPS))
   try:   # v1 loops and conds convert only when their structure is recovered
     lower_v1_graph(graph, library)
   except Exception as e:   # noqa: BLE001 -- reported as a row, like an unsupported op
@@ -265,12 +268,12 @@ def check_model_path(path: str) -> str:
     return "saved_model"
   if path.endswith((".keras", ".h5", ".hdf5")):
     return "keras"
-  if path.endswith((".pb", ".pbtxt")):
+  if path.endswith((".pb", ".pbtxt", ".meta")):   # .meta: a Saver's MetaGraph
     if os.path.basename(path) in ("saved_model.pb", "saved_model.pbtxt"):
       raise ModelFileError(f"{path} is a SavedModel's own file; pass its directory, {os.path.dirname(path) or '.'}.")
     return "graph_def"
-  raise ModelFileError(f"{path} is not a model file; pass a SavedModel directory, a .keras / .h5 file or a "
-                       ".pb / .pbtxt GraphDef.")
+  raise ModelFileError(f"{path} is not a model file; pass a SavedModel directory, a .keras / .h5 file, a "
+                       ".pb / .pbtxt GraphDef or a Saver's .meta file.")
 
 
 def inspect_saved_model(path: str, signature: str | None = None) -> list[InspectReport]:
