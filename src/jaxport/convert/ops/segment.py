@@ -6,16 +6,15 @@ known when tracing: constants, or any value when the converted function runs wit
 (under jit they raise `DynamicShapeError`). Being known, they are checked like TF's CPU
 kernels check them. One exception: traced partitions pad DynamicPartition's outputs to their
 bound, and a stitch of one partitioning of known positions takes them back (TF's lookup into
-partitioned variables; `convert/padded_rows.py`). Traced partitions outside [0, num_partitions)
-put their rows in no output (TF raises). Differences from TF: `SparseToDense` checks its indices only when they
-are known; traced out-of-range indices are dropped. Rows that no stitch index names are
-zeros (TF: also zeros on CPU).
+partitioned variables; `convert/padded_rows.py`). Differences from TF: traced partitions outside
+[0, num_partitions) put their rows in no output (TF raises); `SparseToDense` checks its indices
+only when they are known, and drops traced out-of-range ones. Rows that no stitch index names
+are zeros (TF: also zeros on CPU).
 """
 from __future__ import annotations
 
-import numpy as np
-
 import jax.numpy as jnp
+import numpy as np
 
 from jaxport.convert import padded_rows
 from jaxport.convert.ops._util import known_value, static_ints, static_value, xp
@@ -87,6 +86,8 @@ def _padded_stitch(ctx, indices, data):
   """The stitch of one padded partitioning of known positions (TF's partitioned lookup): its
   size is one past the largest position, the padding positions (out of range) are dropped."""
   records = [padded_rows.padding_of(ctx.runtime, i) for i in indices]
+  if None in records:   # some positions padded, some not: they cannot line up
+    raise padded_rows.refuse(next(r for r in records if r is not None), ctx.op, ctx.name)
   partitions = {r.partition for r in records}
   origins = {p[0] for p in partitions if p is not None}
   whole = (None not in partitions and len(origins) == 1 and len(partitions) == len(records)
