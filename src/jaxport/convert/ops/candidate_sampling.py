@@ -25,7 +25,7 @@ from jaxport.convert.ops.core import runtime_check
 from jaxport.convert.registry import register
 from jaxport.errors import InvalidNodeError
 
-_BLOCK = 1024   # draws compared at once by the unique sampler
+_BLOCK = 1 << 16   # most draws the unique sampler checks at once
 
 
 def _log_uniform(range_max: int):
@@ -83,17 +83,21 @@ def _fixed_unigram(ctx, range_max: int):
 
 def _draw_unique(key, sample, num_sampled: int):
   """TF's unique sampling: draws one at a time, keeps the values not drawn before, until
-  `num_sampled` are kept; returns them and the number of draws. Draws go in blocks, each compared
-  with the kept values and the block's earlier draws."""
+  `num_sampled` are kept; returns them and the number of draws. Draws go in blocks: a draw is new
+  when no kept value equals it (a binary search in the sorted kept values) and it is its value's
+  first draw in the block (a stable sort of the block)."""
   block = min(num_sampled, _BLOCK)
-  earlier = jnp.tril(jnp.ones((block, block), bool), -1)
+  unfilled = jnp.iinfo(jnp.int32).max   # above every class
 
   def step(state):
     t, kept, count, tries = state
     draws = sample(jax.random.fold_in(key, t), (block,))
-    seen = jnp.any((draws[:, None] == kept[None, :]) & (jnp.arange(num_sampled) < count)[None, :], axis=1)
-    repeated = jnp.any((draws[:, None] == draws[None, :]) & earlier, axis=1)
-    new = ~seen & ~repeated
+    known = jnp.sort(jnp.where(jnp.arange(num_sampled) < count, kept, unfilled))
+    seen = known[jnp.minimum(jnp.searchsorted(known, draws), num_sampled - 1)] == draws
+    order = jnp.argsort(draws, stable=True)
+    in_order = draws[order]
+    first = jnp.zeros(block, bool).at[order].set(jnp.concatenate([jnp.ones(1, bool), in_order[1:] != in_order[:-1]]))
+    new = ~seen & first
     at = count + jnp.cumsum(new) - 1
     taken = new & (at < num_sampled)
     kept = kept.at[jnp.where(taken, at, num_sampled)].set(draws, mode="drop")
