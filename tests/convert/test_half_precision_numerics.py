@@ -61,8 +61,18 @@ def test_bfloat16_average_pool_rounds_once_like_tf():
 
 @pytest.mark.parametrize("dtype", list(HALF))
 def test_softmax_computes_in_float32_like_tf(dtype):
+  """TF's float16 softmax depends on the CPU: on some it computes in float32 and rounds once, on
+  others (seen: AMD EPYC with AVX-512 but no AVX512-FP16) Eigen's half packets round every step,
+  up to ~5e-4 off. jaxport rounds once: bit for bit with TF's kernel where that rounds once, else
+  with TF's float32 softmax rounded to float16, and never further from the exact softmax than TF."""
   x = np.random.RandomState(1).normal(0.3, 3.0, size=(16, 300)).astype(np.float32)
   expected, eager, jitted = _converted_and_tf(lambda x: tf.nn.softmax(tf.cast(x, dtype)), x)
+  rounded_once = tf.cast(tf.nn.softmax(tf.cast(tf.cast(x, dtype), tf.float32)), dtype)
+  rounded_once = tf.cast(rounded_once, tf.float32).numpy()
+  if dtype == "float16" and not np.array_equal(expected, rounded_once):   # TF rounds every step here
+    exact = tf.nn.softmax(tf.cast(tf.cast(x, dtype), tf.float64)).numpy()
+    assert np.abs(jitted - exact).max() <= np.abs(expected - exact).max()
+    expected = rounded_once
   bound = 0 if dtype == "float16" else 1
   assert _ulps(eager, expected, HALF[dtype]) <= bound and _ulps(jitted, expected, HALF[dtype]) <= bound
   assert np.mean(jitted != expected) < 0.01

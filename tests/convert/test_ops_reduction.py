@@ -245,3 +245,18 @@ def test_cumulative_over_an_empty_axis():
     fn = lambda v: getattr(raw, op)(x=v, axis=1, exclusive=True)
     assert jaxport.convert_functional(fn, x)(x).shape == (2, 0)
 
+
+
+@pytest.mark.parametrize("axes", [(1,), (0, 2), (0, 1, 2)])
+def test_float32_mean_divides_its_sum_like_tf(axes):
+  """TF divides a mean's sum by its count; XLA would multiply by the reciprocal (an ulp off on
+  ~60% of means). The mean is the converted sum divided by the count, correctly rounded, eagerly
+  and under jit (the sums themselves follow XLA's order, not Eigen's: close to TF's, not equal)."""
+  x = np.random.RandomState(0).normal(size=(24, 56, 7)).astype(np.float32)
+  count = np.float32(np.prod([x.shape[a] for a in axes]))
+  mean_fn, params = jaxport.convert(tf.function(lambda x: tf.reduce_mean(x, axes)), x)
+  sum_fn, _ = jaxport.convert(tf.function(lambda x: tf.reduce_sum(x, axes)), x)
+  for label, run_mean, run_sum in (("eager", mean_fn, sum_fn), ("jit", jax.jit(mean_fn), jax.jit(sum_fn))):
+    total = np.asarray(run_sum(params, x)[0])
+    np.testing.assert_array_equal(run_mean(params, x)[0], total / count, err_msg=label)
+    assert_close(run_mean(params, x)[0], tf.reduce_mean(x, axes).numpy(), 1e-6, 1e-5, label)
