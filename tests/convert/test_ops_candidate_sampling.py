@@ -204,3 +204,21 @@ def test_sampled_softmax_with_tfs_sampler_trains_under_jit(tmp_path):
   loaded_value, loaded_g = jax.jit(jax.value_and_grad(lambda p: loaded(p, h, labels, rng=key)[0]))(loaded_params)
   assert_close(loaded_value, value, 0, 1e-6, "loaded loss")
   assert_close(loaded_g, g, 1e-6, 1e-5, "loaded gradients")
+
+
+def test_fixed_unigram_sampler_reads_a_vocab_file(tmp_path):
+  """The counts from the last column of `vocab_file`, as TF reads it; one of two shards: its classes
+  are the positions of its ids (every other one after 3 reserved), so range_max is its size."""
+  path = tmp_path / "vocab.csv"
+  path.write_text("".join(f"word{k},{(k * 7) % 11 + 1}\n" for k in range(37)))
+  sampler = lambda t, range_max: tf.random.fixed_unigram_candidate_sampler(  # noqa: E731
+      t, 2, 6, False, range_max, vocab_file=str(path), distortion=0.5, num_reserved_ids=3, num_shards=2, shard=1)
+  fn = tf.function(lambda t: sampler(t, 20))
+  true = TRUE % 20
+  jax_fn, params = jaxport.convert(fn, true)
+  sampled, true_expected, _ = jax.jit(jax_fn)(params, true, rng=jax.random.key(0))[0]
+  assert np.all((np.asarray(sampled) >= 0) & (np.asarray(sampled) < 20))
+  assert_close(true_expected, fn(true)[1].numpy(), 0, 1e-6, "true_expected_count")
+  with pytest.raises(jaxport.errors.InvalidNodeError, match="range is 40 must be equal to weights size 20"):
+    wrong, params = jaxport.convert(tf.function(lambda t: sampler(t, 40)), true)
+    wrong(params, true, rng=jax.random.key(0))   # TF: InvalidArgumentError with the same words

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxport.convert import padded_rows
-from jaxport.convert.ops._util import known_value, xp
+from jaxport.convert.ops._util import known_value, text, xp
 from jaxport.convert.ops.core import runtime_check
 from jaxport.convert.registry import register
 from jaxport.errors import InvalidNodeError
@@ -53,22 +53,21 @@ def _uniform(range_max: int):
 
 
 def _fixed_unigram(ctx, range_max: int):
-  """Weights `unigram ** distortion` after `num_reserved_ids` zero-weight ids, over the ids of one
-  shard (`id % num_shards == shard`); the counts come from `unigrams` or the last column of `vocab_file`."""
+  """TF's FixedUnigramSampler: ids are the reserved ones (weight 0), then one per count of `unigrams`
+  or of the last column of `vocab_file`; a shard keeps the ids with `id % num_shards == shard`, and
+  its classes are their positions in that list (so range_max is the shard's size), each weighted
+  `count ** distortion`."""
   counts = list(ctx.attr("unigrams", []) or [])
-  vocab_file = ctx.attr("vocab_file", b"")
-  vocab_file = vocab_file.decode() if isinstance(vocab_file, bytes) else vocab_file
+  vocab_file = text(ctx.attr("vocab_file", b""))
   if vocab_file:
     with open(vocab_file) as f:
       counts = [float(line.rstrip("\n").split(",")[-1]) for line in f if line.strip()]
   reserved, shards, shard = ctx.attr("num_reserved_ids", 0), ctx.attr("num_shards", 1), ctx.attr("shard", 0)
-  weights = np.zeros(range_max, np.float64)
-  ids = np.arange(reserved, reserved + len(counts))
-  if reserved + len(counts) != range_max:
-    raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: {reserved} reserved ids and {len(counts)} unigrams do "
-                           f"not make range_max {range_max}")
-  weights[ids] = np.asarray(counts, np.float64) ** ctx.attr("distortion", 1.0)
-  weights[np.arange(range_max) % shards != shard] = 0.0
+  every = np.concatenate([np.zeros(reserved), np.asarray(counts, np.float64) ** ctx.attr("distortion", 1.0)])
+  weights = every[np.arange(len(every)) % shards == shard]
+  if len(weights) != range_max:
+    raise InvalidNodeError(f"{ctx.op} node {ctx.name!r}: range is {range_max} must be equal to weights size "
+                           f"{len(weights)} (TF's check: the shard's reserved ids and unigrams)")
   p = (weights / weights.sum()).astype(np.float32)
   log_p = np.log(np.where(p > 0, p, 1.0)).astype(np.float32)
   log_p[p == 0] = -np.inf
