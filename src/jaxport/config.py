@@ -37,6 +37,9 @@ _SCHEMA: dict[str, tuple[Any, Any, str]] = {
                   "jax.jit, compiled once per input shapes (op by op, each op compiles apart), and where that cannot "
                   "trace (shapes that depend on values) in segments: runs of nodes that trace jitted, the rest op by "
                   "op; read at call time"),
+    "tf_random_streams": (False, bool, "stateful random ops TF seeded (tf.random.set_seed or an op seed) draw TF's "
+                          "own numbers: each node's Philox counter is a param (random_stream/<node>), advanced per "
+                          "call as in TF; off: they draw from rng"),
     # Conversion tiers (see jaxport.convert.tiers).
     "allow_xla_lowering": (True, bool, "ops without a native rule may use TF's XLA lowering"),
     "allow_host_callback": (True, bool, "ops no other tier takes may call TF on the host"),

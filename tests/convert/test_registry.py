@@ -89,6 +89,13 @@ def test_ops_where_needs_rng():
   assert not {"Sin", "MatMul", "Const"} & rng_ops
 
 
+def test_seeded_streams_are_the_philox_kernels_tf_seeds():
+  # RandomShuffle, RandomGamma and RandomPoisson reserve their Philox words otherwise: they stay on rng
+  assert ops_where(seeded_stream=True) == {"RandomUniform", "RandomUniformInt", "RandomStandardNormal",
+                                           "TruncatedNormal", "Multinomial"}
+  assert ops_where(seeded_stream=True) <= ops_where(needs_rng=True)
+
+
 def test_ops_where_writes_state_is_exactly_the_assign_training_scatter_and_generator_ops():
   assigns = {op for op in supported_ops() if re.fullmatch(r"Assign\w*VariableOp", op)}
   assert assigns == {"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"}

@@ -545,6 +545,8 @@ def _from_concrete(cf, keras_variables: dict[int, KerasVariable], input_structur
   by_internal = {id(internal): external for external, internal in cf.graph.captures}
   captures = []
   uses = _op_uses(graph, library)
+  from jaxport.convert.ops import random as random_ops
+  streams = random_ops.stream_params(_live_nodes(graph, library), library, conf)
   reads_tables = any(op.startswith("LookupTable") for op in uses)
   for internal in captured_inputs:
     external = by_internal.get(id(internal))
@@ -561,6 +563,7 @@ def _from_concrete(cf, keras_variables: dict[int, KerasVariable], input_structur
   from jaxport.convert.graph_def import graph_level_params   # TF1 graphs: variables in the graph itself
   graph_values, graph_specs = graph_level_params(cf, graph, library, exclude=params)
   params.update(graph_values)
+  params.update({k: Variable(v, name=k, trainable=False) for k, v in streams.items()})
   from jaxport.convert.graph_def import variable_key
   uninitialized = {variable_key(n): f"{n.op} `{n.name}`" for n in graph.live_nodes()
                    if n.op in ("VariableV2", "Variable", "VarHandleOp")
@@ -585,7 +588,7 @@ def _from_concrete(cf, keras_variables: dict[int, KerasVariable], input_structur
       captures=captures,
       output_structure=plain_structure(tree.map_structure(lambda _: 0, composite.expand(cf.structured_outputs))),
       output_leaves=output_leaves, param_specs=param_specs, config=conf,
-      requires_rng=bool(ops_where(needs_rng=True).intersection(uses)),
+      requires_rng=random_ops.needs_caller_rng(uses, streams),
       name=_text(getattr(cf, "name", "converted")), custom_gradients=custom_gradients, retrace=retrace,
       uninitialized=uninitialized)
   jax_fn.params = params

@@ -21,7 +21,6 @@ from jaxport import config as _config
 from jaxport.convert import api, checkpoints
 from jaxport.convert.graph import GraphFunction, Library, Node, decode_nodes, parse_tensor_name
 from jaxport.convert.interpreter import Runtime, run_function
-from jaxport.convert.registry import ops_where
 from jaxport.convert.signature import InputSpec, Signature, warn_if_narrowed
 from jaxport.convert.v1_control_flow import lower_v1_graph
 from jaxport.errors import MissingInputError, UnsupportedOperationsError, UnsupportedValueError
@@ -129,6 +128,9 @@ def convert_graph_def(graph_def, inputs: Sequence[str], outputs: str | Sequence[
     variables = checkpoints.checkpoint_values(variables, raw_nodes, graph_vars)
   for key, value in (variables or {}).items():
     params[key] = api.Variable(np.asarray(value), name=key)
+  from jaxport.convert.ops import random as random_ops
+  streams = random_ops.stream_params(api._live_nodes(graph, library), library, conf)
+  params.update({k: api.Variable(v, name=k, trainable=False) for k, v in streams.items()})
   specs = []
   for name in input_names:
     attrs = graph.nodes[name].attrs
@@ -142,12 +144,12 @@ def convert_graph_def(graph_def, inputs: Sequence[str], outputs: str | Sequence[
       graph, library, signature=Signature(structure, specs, {}), input_structure=structure,
       captures=[], output_structure=0 if single else [0] * len(output_refs),
       output_leaves=list(range(len(output_refs))), param_specs=param_specs, config=conf,
-      requires_rng=bool(ops_where(needs_rng=True).intersection(uses)), name="graph_def")
+      requires_rng=random_ops.needs_caller_rng(uses, streams), name="graph_def")
   _annotate(jax_fn, specs, [graph.nodes[n] for n, _ in output_refs], single)
   warn_if_narrowed(specs, jax_fn.structured_outputs, params)
   jax_fn.params = params
   jax_fn.tf_variables = {}
-  jax_fn.trainable = {k: True for k in params}
+  jax_fn.trainable = {k: k not in streams for k in params}
   return jax_fn, params
 
 

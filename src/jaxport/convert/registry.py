@@ -29,6 +29,7 @@ class OpRule:
   op_type: str
   fn: Callable
   needs_rng: bool = False        # draws from the caller's `rng` (stateful random ops)
+  seeded_stream: bool = False    # when TF seeded it, can draw TF's own stream instead (`tf_random_streams`)
   writes_state: bool = False     # assigns variables (threaded through loop carries)
   stateful: bool = False         # has effects beyond its outputs (asserts, prints, state)
   structural: bool = False       # works on graph structure (functions, resources, lists, gradients)
@@ -56,7 +57,7 @@ class OpRule:
 _RULES: dict[str, OpRule] = {}
 
 
-def register(*op_types: str, needs_rng: bool = False, writes_state: bool = False,
+def register(*op_types: str, needs_rng: bool = False, seeded_stream: bool = False, writes_state: bool = False,
              stateful: bool = False, structural: bool = False, tier: Tier = Tier.NATIVE,
              check: Callable | None = None, host_nodes: Callable | None = None,
              convolution: bool = False, size_bounded: bool = False,
@@ -74,7 +75,7 @@ def register(*op_types: str, needs_rng: bool = False, writes_state: bool = False
         raise ValueError(f"op {op!r} already has a rule: {old.__module__}.{old.__qualname__}")
     _WHERE.clear()
     for op in op_types:
-      _RULES[op] = OpRule(op, fn, needs_rng=needs_rng, writes_state=writes_state,
+      _RULES[op] = OpRule(op, fn, needs_rng=needs_rng, seeded_stream=seeded_stream, writes_state=writes_state,
                           stateful=stateful or writes_state or needs_rng, structural=structural,
                           tier=tier, check=check, host_nodes=host_nodes, convolution=convolution,
                           size_bounded=size_bounded or elementwise, elementwise=elementwise,

@@ -25,6 +25,7 @@ from jaxport.convert.interpreter import Runtime, VariableRef, has_tracers, is_ha
 from jaxport.convert.ops._loops import live_loop_vars, needs_python_loop, pruned, python_loop, used_outputs
 from jaxport.convert.ops._trip_count import closed_form_trip_count
 from jaxport.convert.ops._util import is_concrete, jax_dtype, known_value
+from jaxport.convert.ops.random import writes_stream
 from jaxport.convert.ops.tensor_list import TensorList
 from jaxport.convert.registry import ops_where, register
 from jaxport.errors import DynamicShapeError, RunTimeBranchWarning
@@ -54,8 +55,8 @@ def _writes_state(runtime: Runtime, fn_name: str) -> bool:
 
 def node_writes_state(library, node) -> bool:
   """Whether running `node` assigns variables (itself, or through a function it calls)."""
-  return node.op in ops_where(writes_state=True) or any(function_writes_state(library, name)
-                                                        for name in library.called_by(node))
+  return (node.op in ops_where(writes_state=True) or writes_stream(library, node)
+          or any(function_writes_state(library, name) for name in library.called_by(node)))
 
 
 def function_writes_state(library, fn_name: str) -> bool:

@@ -1,10 +1,18 @@
-"""Op rules: stateful random ops, drawn from the `rng` key.
+"""Op rules: stateful random ops, drawn from the `rng` key or from TF's own seeded streams.
 
-Stateful ops (RandomUniform, ...) cannot reproduce TF's values (TF's generator state
-is not part of the graph): they draw from the PRNG key passed as `rng=` to the
-converted function, with a key derived from `rng` and the node's name, so distinct
-nodes draw independent values; values follow TF's distributions, shapes and dtypes.
-The op-level `seed` attrs are ignored.
+By default stateful ops (RandomUniform, ...) draw from the PRNG key passed as `rng=` to the
+converted function, with a key derived from `rng` and the node's name, so distinct nodes draw
+independent values; values follow TF's distributions, shapes and dtypes.
+
+With the `tf_random_streams` config on, a node TF seeded (`tf.random.set_seed`, or an op-level
+seed: its `seed`/`seed2` attrs are not both 0) draws TF's own numbers instead. TF's kernel keeps a
+Philox generator keyed by `seed`, its counter starting at (0, 0, seed2): each call fills the output
+as the stateless V2 ops do from that key and counter, then advances the counter by 256 per value.
+The converted node's counter is a param (`random_stream/<node>`, uint32[4], not trainable), read
+and advanced on each call as TF's kernel does, so call after call, loop step after loop step, the
+draws are TF's (RandomUniform, RandomUniformInt, RandomStandardNormal, TruncatedNormal; normals
+within 2 ulp, see `ops/stateless_random.py`). Unseeded nodes, and the other stateful ops, still
+draw from `rng`.
 
 The stateless ops reproduce TF's values: `ops/stateless_random.py` (uniform, normal,
 int, multinomial) and `ops/stateless_samplers.py` (gamma, Poisson, binomial,
@@ -12,13 +20,17 @@ parameterized truncated normal, shuffle).
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxport.convert.ops import philox as ph
+from jaxport.convert.ops import stateless_random as stateless
 from jaxport.convert.ops._util import static_ints
 from jaxport.convert.ops.stateless_random import sample_shape
-from jaxport.convert.registry import register
+from jaxport.convert.registry import ops_where, register
 
 
 def _dtype(dtype):
@@ -68,27 +80,92 @@ def _poisson(key, shape, rate, dtype):
   return jax.random.poisson(key, rate, shape + rate.shape).astype(_dtype(dtype))
 
 
+# --------------------------------------------------------------------------- TF's seeded streams
+
+_STREAMS = "random_streams"   # library memo: node -> its counter's params key
+_SKIP_PER_VALUE = 256         # TF's kernel reserves 256 Philox words per value it draws
+
+
+def _seeds(node) -> tuple[int, int]:
+  return int(node.attrs.get("seed", 0) or 0), int(node.attrs.get("seed2", 0) or 0)
+
+
+def stream_params(labelled_nodes, library, config) -> dict[str, np.ndarray]:
+  """With `tf_random_streams` on, the initial counter of each seeded stateful draw among
+  `labelled_nodes` ((label, node) pairs of every node that can run), by params key; the library
+  remembers each node's key for its rule."""
+  streams = library.memo.setdefault(_STREAMS, {})
+  if not config.get("tf_random_streams"):
+    return {}
+  found = {}
+  for label, node in labelled_nodes:
+    if node.op in ops_where(seeded_stream=True) and _seeds(node) != (0, 0):
+      seed2 = np.uint64(_seeds(node)[1] & 0xFFFFFFFFFFFFFFFF)
+      key = streams[node] = f"random_stream/{label}"
+      found[key] = np.array([0, 0, seed2 & np.uint64(0xFFFFFFFF), seed2 >> np.uint64(32)], np.uint32)
+  if found:
+    library.memo.pop("writes_state", None)   # analysed before the streams were known: loops now carry them
+  return found
+
+
+def needs_caller_rng(uses: dict[str, list[str]], streams: dict[str, np.ndarray]) -> bool:
+  """Whether a node that runs (`uses`: op -> node labels) draws from the caller's `rng`."""
+  return any(f"random_stream/{label}" not in streams
+             for op in ops_where(needs_rng=True).intersection(uses) for label in uses[op])
+
+
+def writes_stream(library, node) -> bool:
+  """Whether `node` advances a seeded stream's counter (a param): loops carry it as state."""
+  return node in library.memo.get(_STREAMS, ())
+
+
+def _stream_draw(ctx, reserved: int, draw):
+  """`draw(words)` from the node's seeded stream (the Philox key and counter words), its counter then
+  advanced past `reserved` values as TF's kernel advances it; None where the node has no stream."""
+  key = ctx.runtime.library.memo.get(_STREAMS, {}).get(ctx.node)
+  if key is None:
+    return None
+  from jaxport.convert.interpreter import VariableRef
+  ref = VariableRef(key)
+  seed = np.uint64(_seeds(ctx.node)[0] & 0xFFFFFFFFFFFFFFFF)
+  with ph.wide():
+    state = jnp.asarray(ctx.runtime.read_variable(ref)).astype(jnp.uint64)
+    counter = tuple(state[i] for i in range(4))
+    advanced = ph.skip(jnp, counter, jnp.uint64(reserved * _SKIP_PER_VALUE))
+    new = jnp.stack(advanced).astype(jnp.uint32)
+  out = draw((ph.split64(np, seed), counter))
+  ctx.runtime.assign_variable(ref, new)
+  return out
+
+
+def _drawn(ctx, sampler, jax_sampler, shape, dtype, *args):
+  """TF's values from the node's seeded stream if it has one, else a draw from the caller's rng."""
+  out = _stream_draw(ctx, math.prod(shape), lambda words: stateless.sample(sampler, words, shape, dtype, *args))
+  return jax_sampler(_node_key(ctx), shape, dtype, *args) if out is None else out
+
+
 # --------------------------------------------------------------------------- stateful ops
 
 
-@register("RandomUniform", needs_rng=True)
+@register("RandomUniform", needs_rng=True, seeded_stream=True)
 def random_uniform(ctx, shape):
-  return _uniform(_node_key(ctx), sample_shape(shape), ctx.attr("dtype"))
+  return _drawn(ctx, stateless.uniform_values, _uniform, sample_shape(shape), ctx.attr("dtype"))
 
 
-@register("RandomStandardNormal", needs_rng=True)
+@register("RandomStandardNormal", needs_rng=True, seeded_stream=True)
 def random_standard_normal(ctx, shape):
-  return _normal(_node_key(ctx), sample_shape(shape), ctx.attr("dtype"))
+  return _drawn(ctx, stateless.normal_values, _normal, sample_shape(shape), ctx.attr("dtype"))
 
 
-@register("TruncatedNormal", needs_rng=True)
+@register("TruncatedNormal", needs_rng=True, seeded_stream=True)
 def truncated_normal(ctx, shape):
-  return _truncated_normal(_node_key(ctx), sample_shape(shape), ctx.attr("dtype"))
+  return _drawn(ctx, stateless.truncated_normal_values, _truncated_normal, sample_shape(shape), ctx.attr("dtype"))
 
 
-@register("RandomUniformInt", needs_rng=True)
+@register("RandomUniformInt", needs_rng=True, seeded_stream=True)
 def random_uniform_int(ctx, shape, minval, maxval):
-  return _uniform_int(_node_key(ctx), sample_shape(shape), ctx.attr("Tout"), minval, maxval)
+  stateless.check_range(minval, maxval)   # TF's kernel refuses minval >= maxval
+  return _drawn(ctx, stateless.uniform_int_values, _uniform_int, sample_shape(shape), ctx.attr("Tout"), minval, maxval)
 
 
 @register("RandomShuffle", needs_rng=True)
@@ -96,9 +173,13 @@ def random_shuffle(ctx, value):
   return jax.random.permutation(_node_key(ctx), jnp.asarray(value), axis=0, independent=False)
 
 
-@register("Multinomial", needs_rng=True)
+@register("Multinomial", needs_rng=True, seeded_stream=True)
 def multinomial(ctx, logits, num_samples):
-  return _categorical(_node_key(ctx), logits, static_ints(num_samples)[0], ctx.attr("output_dtype", np.int64))
+  num_samples, dtype = static_ints(num_samples)[0], ctx.attr("output_dtype", np.int64)
+  # TF's CPU kernel reserves two words per sample, samples rounded up to a multiple of 4, per row
+  reserved = np.shape(logits)[0] * -(-num_samples // 4) * 4 * 2
+  out = _stream_draw(ctx, reserved, lambda words: stateless.multinomial(words, jnp.asarray(logits), num_samples, dtype))
+  return _categorical(_node_key(ctx), logits, num_samples, dtype) if out is None else out
 
 
 @register("RandomGamma", needs_rng=True)

@@ -138,7 +138,7 @@ def _flat(x):
   return x.reshape(x.shape[:-2] + (x.shape[-2] * x.shape[-1],))
 
 
-def _uniform(key, counter, n, dtype):
+def uniform_values(key, counter, n, dtype):
   if _is_64bit(dtype):
     w = ph.blocks(key, counter, _groups(n, 2))
     values = jnp.stack([ph.unit_float64(w[..., 0], w[..., 1]), ph.unit_float64(w[..., 2], w[..., 3])], -1)
@@ -148,7 +148,7 @@ def _uniform(key, counter, n, dtype):
   return _flat(values)[..., :n]
 
 
-def _normal(key, counter, n, dtype):
+def normal_values(key, counter, n, dtype):
   w = ph.blocks(key, counter, _groups(n, 4 if not _is_64bit(dtype) else 2))
   if _is_64bit(dtype):
     values = jnp.stack(ph.box_muller_float64(*(w[..., i] for i in range(4))), -1)
@@ -168,7 +168,7 @@ def _first_accepted(candidates, count: int):
   return jnp.take_along_axis(candidates, jnp.stack(picks, -1), axis=-1)
 
 
-def _truncated_normal(key, counter, n, dtype):
+def truncated_normal_values(key, counter, n, dtype):
   size = 2 if _is_64bit(dtype) else 4
   w = ph.group_streams(key, counter, _groups(n, size), size, _TRUNCATED_BLOCKS)
   if _is_64bit(dtype):
@@ -198,11 +198,11 @@ def _as_int(words, dtype):
   return jax.lax.bitcast_convert_type((words & np.uint64((1 << 8 * dtype.itemsize) - 1)).astype(unsigned), dtype)
 
 
-def _uniform_full_int(key, counter, n, dtype):
+def uniform_full_int_values(key, counter, n, dtype):
   return _as_int(_int_words(key, counter, n, dtype), dtype)
 
 
-def _uniform_int(key, counter, n, dtype, minval, maxval):
+def uniform_int_values(key, counter, n, dtype, minval, maxval):
   bits = 8 * np.dtype(dtype).itemsize
   mask = np.uint64((1 << bits) - 1)
   low = ph.u64(jnp, jnp.asarray(minval, dtype))
@@ -210,12 +210,12 @@ def _uniform_int(key, counter, n, dtype, minval, maxval):
   return _as_int(low + _int_words(key, counter, n, dtype) % jnp.where(span == 0, 1, span)[..., None], dtype)
 
 
-def _check_range(minval, maxval) -> None:
+def check_range(minval, maxval) -> None:
   if is_concrete(minval) and is_concrete(maxval) and not np.all(np.asarray(minval) < np.asarray(maxval)):
     raise InvalidNodeError(f"uniform int needs minval < maxval, got {np.asarray(minval)} and {np.asarray(maxval)}")
 
 
-def _sample(sampler, words, shape, dtype, *args):
+def sample(sampler, words, shape, dtype, *args):
   """Runs `sampler(key, counter, n, dtype, *args)` wide and shapes its values."""
   (key, counter), dtype = words, np.dtype(dtype)
   out_dtype = _canonical(dtype)   # the caller's: float64 is float32 without x64 (not inside wide())
@@ -234,28 +234,28 @@ def _run_sampler(sampler, shape, dtype, out_dtype, key, counter, *args):
 
 @register("StatelessRandomUniform")
 def stateless_uniform(ctx, shape, seed):
-  return _sample(_uniform, seed_words(seed), sample_shape(shape), ctx.attr("dtype"))
+  return sample(uniform_values, seed_words(seed), sample_shape(shape), ctx.attr("dtype"))
 
 
 @register("StatelessRandomNormal")
 def stateless_normal(ctx, shape, seed):
-  return _sample(_normal, seed_words(seed), sample_shape(shape), ctx.attr("dtype"))
+  return sample(normal_values, seed_words(seed), sample_shape(shape), ctx.attr("dtype"))
 
 
 @register("StatelessTruncatedNormal")
 def stateless_truncated_normal(ctx, shape, seed):
-  return _sample(_truncated_normal, seed_words(seed), sample_shape(shape), ctx.attr("dtype"))
+  return sample(truncated_normal_values, seed_words(seed), sample_shape(shape), ctx.attr("dtype"))
 
 
 @register("StatelessRandomUniformInt")
 def stateless_uniform_int(ctx, shape, seed, minval, maxval):
-  _check_range(minval, maxval)
-  return _sample(_uniform_int, seed_words(seed), sample_shape(shape), ctx.attr("dtype"), minval, maxval)
+  check_range(minval, maxval)
+  return sample(uniform_int_values, seed_words(seed), sample_shape(shape), ctx.attr("dtype"), minval, maxval)
 
 
 @register("StatelessRandomUniformFullInt")
 def stateless_uniform_full_int(ctx, shape, seed):
-  return _sample(_uniform_full_int, seed_words(seed), sample_shape(shape), ctx.attr("dtype"))
+  return sample(uniform_full_int_values, seed_words(seed), sample_shape(shape), ctx.attr("dtype"))
 
 
 # --------------------------------------------------------------------------- V2 ops (key, counter, alg)
@@ -263,28 +263,28 @@ def stateless_uniform_full_int(ctx, shape, seed):
 
 @register("StatelessRandomUniformV2")
 def stateless_uniform_v2(ctx, shape, key, counter, alg):
-  return _sample(_uniform, v2_words(key, counter, alg), sample_shape(shape), ctx.attr("dtype"))
+  return sample(uniform_values, v2_words(key, counter, alg), sample_shape(shape), ctx.attr("dtype"))
 
 
 @register("StatelessRandomNormalV2")
 def stateless_normal_v2(ctx, shape, key, counter, alg):
-  return _sample(_normal, v2_words(key, counter, alg), sample_shape(shape), ctx.attr("dtype"))
+  return sample(normal_values, v2_words(key, counter, alg), sample_shape(shape), ctx.attr("dtype"))
 
 
 @register("StatelessTruncatedNormalV2")
 def stateless_truncated_normal_v2(ctx, shape, key, counter, alg):
-  return _sample(_truncated_normal, v2_words(key, counter, alg), sample_shape(shape), ctx.attr("dtype"))
+  return sample(truncated_normal_values, v2_words(key, counter, alg), sample_shape(shape), ctx.attr("dtype"))
 
 
 @register("StatelessRandomUniformIntV2")
 def stateless_uniform_int_v2(ctx, shape, key, counter, alg, minval, maxval):
-  _check_range(minval, maxval)
-  return _sample(_uniform_int, v2_words(key, counter, alg), sample_shape(shape), ctx.attr("dtype"), minval, maxval)
+  check_range(minval, maxval)
+  return sample(uniform_int_values, v2_words(key, counter, alg), sample_shape(shape), ctx.attr("dtype"), minval, maxval)
 
 
 @register("StatelessRandomUniformFullIntV2")
 def stateless_uniform_full_int_v2(ctx, shape, key, counter, alg):
-  return _sample(_uniform_full_int, v2_words(key, counter, alg), sample_shape(shape), ctx.attr("dtype"))
+  return sample(uniform_full_int_values, v2_words(key, counter, alg), sample_shape(shape), ctx.attr("dtype"))
 
 
 # --------------------------------------------------------------------------- multinomial
@@ -349,10 +349,15 @@ def _multinomial(key, counter, logits, num_samples: int):
 
 @register("StatelessMultinomial")
 def stateless_multinomial(ctx, logits, num_samples, seed):
-  (key, counter), samples = seed_words(seed), static_ints(num_samples, "num_samples")[0]
-  out_dtype = _canonical(ctx.attr("output_dtype", np.int64))
+  return multinomial(seed_words(seed), logits, static_ints(num_samples, "num_samples")[0],
+                     ctx.attr("output_dtype", np.int64))
+
+
+def multinomial(words, logits, num_samples: int, dtype):
+  """TF's multinomial draws from the Philox (key, counter) `words`."""
+  (key, counter), out_dtype = words, _canonical(dtype)
   with ph.wide():
-    return _run_multinomial(samples, out_dtype, key, counter, logits)
+    return _run_multinomial(num_samples, out_dtype, key, counter, logits)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
