@@ -82,12 +82,14 @@ def _is_float(x) -> bool:
 
 
 def check_program(name: str, library: str, fn, *args, grad=True, exact=False, rtol=RTOL, grad_rtol=None,
-                  variables_changed=False, variables_atol=0.0):
+                  variables_changed=False, variables_atol=0.0, config=None):
   """Converts `fn(*args)` and checks it against TF; returns (jax_fn, params). `exact`: outputs must be
   bit-equal (stateless sampling). `variables_changed`: `fn` assigns variables; compare them too, each
-  within rtol of its magnitude or `variables_atol` (for updates that are float noise in TF too)."""
+  within rtol of its magnitude or `variables_atol` (for updates that are float noise in TF too).
+  `config`: jaxport settings in force while converting (e.g. `tf_random_streams` for seeded draws)."""
   tf_fn = tf.function(fn)
-  jax_fn, convert_s = _timed(lambda: jaxport.convert(tf_fn, *args))
+  with jaxport.override_configs(config or {}):
+    jax_fn, convert_s = _timed(lambda: jaxport.convert(tf_fn, *args))
   jax_fn, params = jax_fn
   tf_vars = jax_fn.tf_variables
   if oracle.VIA_ARTIFACT:

@@ -1,5 +1,9 @@
 """A corpus of TF-Agents 0.19 programs: policies' action and distribution steps (DQN's Q policy,
-a PPO/SAC-style actor policy, its greedy mode, an RNN actor with policy state) and DDPG's networks.
+a PPO/SAC-style actor policy, its greedy mode, an RNN actor with policy state), DDPG's networks, and
+agents' training steps (`agent.train` on a batch of trajectories: DQN, categorical DQN, PPO-clip, and
+SAC and TD3, whose steps sample actions and target noise with TF's seeded stateful random ops, so they
+convert with `tf_random_streams` and draw TF's numbers). A training step's check is its loss and every
+variable it assigns (networks, target networks, optimizer slots, PPO's normalizers).
 
 TF-Agents is written for Keras 2: its networks are built with `tf.keras` routed to tf_keras (what
 `TF_USE_LEGACY_KERAS=1` does for a whole process). Each converts, matches TF eager and under
@@ -14,11 +18,17 @@ from library_corpus import check_program, legacy_tf_keras
 
 with legacy_tf_keras():
   tf_agents = pytest.importorskip("tf_agents", reason="tf-agents==0.19 is not installed")
+  from tf_agents.agents.categorical_dqn import categorical_dqn_agent
   from tf_agents.agents.ddpg import actor_network, critic_network
-  from tf_agents.networks import actor_distribution_network, actor_distribution_rnn_network, q_network
+  from tf_agents.agents.dqn import dqn_agent
+  from tf_agents.agents.ppo import ppo_clip_agent
+  from tf_agents.agents.sac import sac_agent, tanh_normal_projection_network
+  from tf_agents.agents.td3 import td3_agent
+  from tf_agents.networks import (actor_distribution_network, actor_distribution_rnn_network, categorical_q_network,
+                                  q_network, value_network)
   from tf_agents.policies import actor_policy, greedy_policy, q_policy
   from tf_agents.specs import tensor_spec
-  from tf_agents.trajectories import time_step as ts
+  from tf_agents.trajectories import time_step as ts, trajectory
   import tf_keras as keras
 
 # AutoGraph's copies of TF-Agents' `x is ()` tests warn when compiled.
@@ -107,9 +117,100 @@ def ddpg_networks():
   return fn, (_obs(),), {}
 
 
+# --- Training steps ------------------------------------------------------------------------------
+STEPS = 2   # trajectories of two time steps: one transition per batch entry
+
+
+def _trajectories(action_spec, steps=STEPS, policy_info=()):
+  rng = np.random.RandomState(3)
+  obs = rng.normal(size=(BATCH, steps, OBS)).astype(np.float32)
+  if action_spec.dtype.is_integer:
+    actions = rng.randint(0, 3, size=(BATCH, steps)).astype(np.int32)
+  else:
+    actions = rng.uniform(-1, 1, size=(BATCH, steps, 2)).astype(np.float32)
+  rewards = rng.normal(size=(BATCH, steps)).astype(np.float32)
+
+  def batch(obs, actions, rewards):
+    mid = tf.ones(tf.shape(rewards), tf.int32)   # StepType.MID
+    return trajectory.Trajectory(step_type=mid, observation=obs, action=actions, policy_info=policy_info,
+                                 next_step_type=mid, reward=rewards, discount=tf.ones_like(rewards))
+  return batch, (obs, actions, rewards)
+
+
+def _train_step(agent, action_spec, **kwargs):
+  agent.initialize()
+  batch, args = _trajectories(action_spec, **kwargs)
+  return (lambda *a: agent.train(batch(*a)).loss), args
+
+
+def _adam():
+  return keras.optimizers.Adam(1e-2)
+
+
+def _seeded():
+  keras.utils.set_random_seed(0)   # Keras' initializers, and TF's global seed for the agents' draws
+  tf.random.set_seed(0)
+
+
+TRAIN = dict(grad=False, variables_changed=True)
+
+
+def dqn_train():
+  _seeded()
+  net = q_network.QNetwork(OBS_SPEC, DISCRETE, fc_layer_params=(16,))
+  fn, args = _train_step(dqn_agent.DqnAgent(TIME_STEP_SPEC, DISCRETE, q_network=net, optimizer=_adam()), DISCRETE)
+  return fn, args, TRAIN
+
+
+def categorical_dqn_train():
+  _seeded()
+  net = categorical_q_network.CategoricalQNetwork(OBS_SPEC, DISCRETE, num_atoms=11, fc_layer_params=(16,))
+  agent = categorical_dqn_agent.CategoricalDqnAgent(TIME_STEP_SPEC, DISCRETE, categorical_q_network=net,
+                                                    optimizer=_adam())
+  fn, args = _train_step(agent, DISCRETE)
+  return fn, args, TRAIN
+
+
+def ppo_train():
+  _seeded()
+  actor = actor_distribution_network.ActorDistributionNetwork(OBS_SPEC, CONTINUOUS, fc_layer_params=(16,))
+  value = value_network.ValueNetwork(OBS_SPEC, fc_layer_params=(16,))
+  agent = ppo_clip_agent.PPOClipAgent(TIME_STEP_SPEC, CONTINUOUS, optimizer=_adam(), actor_net=actor,
+                                      value_net=value, num_epochs=2, normalize_observations=True,
+                                      normalize_rewards=True)
+  info = {"dist_params": {"loc": tf.zeros((BATCH, 3, 2)), "scale": tf.ones((BATCH, 3, 2))}}
+  fn, args = _train_step(agent, CONTINUOUS, steps=3, policy_info=info)
+  return fn, args, TRAIN
+
+
+def _critic():
+  return critic_network.CriticNetwork((OBS_SPEC, CONTINUOUS), joint_fc_layer_params=(16,))
+
+
+def sac_train():
+  _seeded()
+  actor = actor_distribution_network.ActorDistributionNetwork(
+      OBS_SPEC, CONTINUOUS, fc_layer_params=(16,),
+      continuous_projection_net=tanh_normal_projection_network.TanhNormalProjectionNetwork)
+  agent = sac_agent.SacAgent(TIME_STEP_SPEC, CONTINUOUS, actor_network=actor, critic_network=_critic(),
+                             actor_optimizer=_adam(), critic_optimizer=_adam(), alpha_optimizer=_adam())
+  fn, args = _train_step(agent, CONTINUOUS)
+  return fn, args, dict(TRAIN, config={"tf_random_streams": True})
+
+
+def td3_train():
+  _seeded()
+  actor = actor_network.ActorNetwork(OBS_SPEC, CONTINUOUS, fc_layer_params=(16,))
+  agent = td3_agent.Td3Agent(TIME_STEP_SPEC, CONTINUOUS, actor_network=actor, critic_network=_critic(),
+                             actor_optimizer=_adam(), critic_optimizer=_adam(), actor_update_period=1)
+  fn, args = _train_step(agent, CONTINUOUS)
+  return fn, args, dict(TRAIN, config={"tf_random_streams": True})
+
+
 CORPUS = {f.__name__: f for f in [
-    dqn_q_policy, actor_policy_continuous, greedy_actor_policy, rnn_actor_policy, ddpg_networks]}
-IN_CI = ["dqn_q_policy", "actor_policy_continuous", "rnn_actor_policy"]
+    dqn_q_policy, actor_policy_continuous, greedy_actor_policy, rnn_actor_policy, ddpg_networks,
+    dqn_train, categorical_dqn_train, ppo_train, sac_train, td3_train]}
+IN_CI = ["dqn_q_policy", "actor_policy_continuous", "rnn_actor_policy", "dqn_train", "sac_train"]
 
 
 @pytest.mark.slow
