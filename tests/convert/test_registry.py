@@ -90,9 +90,9 @@ def test_ops_where_needs_rng():
 
 
 def test_seeded_streams_are_the_philox_kernels_tf_seeds():
-  # RandomShuffle, RandomGamma and RandomPoisson reserve their Philox words otherwise: they stay on rng
+  # RandomGamma and RandomPoisson stay on rng
   assert ops_where(seeded_stream=True) == {"RandomUniform", "RandomUniformInt", "RandomStandardNormal",
-                                           "TruncatedNormal", "Multinomial"}
+                                           "TruncatedNormal", "Multinomial", "RandomShuffle"}
   assert ops_where(seeded_stream=True) <= ops_where(needs_rng=True)
 
 

@@ -7,12 +7,13 @@ independent values; values follow TF's distributions, shapes and dtypes.
 With the `tf_random_streams` config on, a node TF seeded (`tf.random.set_seed`, or an op-level
 seed: its `seed`/`seed2` attrs are not both 0) draws TF's own numbers instead. TF's kernel keeps a
 Philox generator keyed by `seed`, its counter starting at (0, 0, seed2): each call fills the output
-as the stateless V2 ops do from that key and counter, then advances the counter by 256 per value.
+as the stateless V2 ops do from that key and counter, then advances the counter past the blocks it
+reserved (256 per value; a shuffle one per four steps).
 The converted node's counter is a param (`random_stream/<node>`, uint32[4], not trainable), read
 and advanced on each call as TF's kernel does, so call after call, loop step after loop step, the
-draws are TF's (RandomUniform, RandomUniformInt, RandomStandardNormal, TruncatedNormal; normals
-within 2 ulp, see `ops/stateless_random.py`). Unseeded nodes, and the other stateful ops, still
-draw from `rng`.
+draws are TF's (RandomUniform, RandomUniformInt, RandomStandardNormal, TruncatedNormal, Multinomial,
+RandomShuffle; normals within 2 ulp, see `ops/stateless_random.py`). Unseeded nodes, RandomGamma
+and RandomPoisson still draw from `rng`.
 
 The stateless ops reproduce TF's values: `ops/stateless_random.py` (uniform, normal,
 int, multinomial) and `ops/stateless_samplers.py` (gamma, Poisson, binomial,
@@ -28,6 +29,7 @@ import numpy as np
 
 from jaxport.convert.ops import philox as ph
 from jaxport.convert.ops import stateless_random as stateless
+from jaxport.convert.ops import stateless_samplers
 from jaxport.convert.ops._util import static_ints
 from jaxport.convert.ops.stateless_random import sample_shape
 from jaxport.convert.registry import ops_where, register
@@ -83,7 +85,7 @@ def _poisson(key, shape, rate, dtype):
 # --------------------------------------------------------------------------- TF's seeded streams
 
 _STREAMS = "random_streams"   # library memo: node -> its counter's params key
-_SKIP_PER_VALUE = 256         # TF's kernel reserves 256 Philox words per value it draws
+_BLOCKS_PER_VALUE = 256       # TF's samplers reserve 256 Philox blocks per value they draw
 
 
 def _seeds(node) -> tuple[int, int]:
@@ -119,9 +121,9 @@ def writes_stream(library, node) -> bool:
   return node in library.memo.get(_STREAMS, ())
 
 
-def _stream_draw(ctx, reserved: int, draw):
+def _stream_draw(ctx, blocks: int, draw):
   """`draw(words)` from the node's seeded stream (the Philox key and counter words), its counter then
-  advanced past `reserved` values as TF's kernel advances it; None where the node has no stream."""
+  advanced past the `blocks` Philox blocks TF's kernel reserves; None where the node has no stream."""
   key = ctx.runtime.library.memo.get(_STREAMS, {}).get(ctx.node)
   if key is None:
     return None
@@ -131,7 +133,7 @@ def _stream_draw(ctx, reserved: int, draw):
   with ph.wide():
     state = jnp.asarray(ctx.runtime.read_variable(ref)).astype(jnp.uint64)
     counter = tuple(state[i] for i in range(4))
-    advanced = ph.skip(jnp, counter, jnp.uint64(reserved * _SKIP_PER_VALUE))
+    advanced = ph.skip(jnp, counter, jnp.uint64(blocks))
     new = jnp.stack(advanced).astype(jnp.uint32)
   out = draw((ph.split64(np, seed), counter))
   ctx.runtime.assign_variable(ref, new)
@@ -140,7 +142,8 @@ def _stream_draw(ctx, reserved: int, draw):
 
 def _drawn(ctx, sampler, jax_sampler, shape, dtype, *args):
   """TF's values from the node's seeded stream if it has one, else a draw from the caller's rng."""
-  out = _stream_draw(ctx, math.prod(shape), lambda words: stateless.sample(sampler, words, shape, dtype, *args))
+  out = _stream_draw(ctx, math.prod(shape) * _BLOCKS_PER_VALUE,
+                     lambda words: stateless.sample(sampler, words, shape, dtype, *args))
   return jax_sampler(_node_key(ctx), shape, dtype, *args) if out is None else out
 
 
@@ -168,17 +171,22 @@ def random_uniform_int(ctx, shape, minval, maxval):
   return _drawn(ctx, stateless.uniform_int_values, _uniform_int, sample_shape(shape), ctx.attr("Tout"), minval, maxval)
 
 
-@register("RandomShuffle", needs_rng=True)
+@register("RandomShuffle", needs_rng=True, seeded_stream=True)
 def random_shuffle(ctx, value):
-  return jax.random.permutation(_node_key(ctx), jnp.asarray(value), axis=0, independent=False)
+  value = jnp.asarray(value)
+  if value.ndim == 0 or value.shape[0] <= 1 or value.size <= 1:
+    return value   # TF's kernel returns its input and reserves nothing
+  # TF's Fisher-Yates reads one 32-bit word per step: size - 1 words, in blocks of four
+  out = _stream_draw(ctx, -(-(value.shape[0] - 1) // 4), lambda words: stateless_samplers.shuffle(words, value))
+  return jax.random.permutation(_node_key(ctx), value, axis=0, independent=False) if out is None else out
 
 
 @register("Multinomial", needs_rng=True, seeded_stream=True)
 def multinomial(ctx, logits, num_samples):
   num_samples, dtype = static_ints(num_samples)[0], ctx.attr("output_dtype", np.int64)
-  # TF's CPU kernel reserves two words per sample, samples rounded up to a multiple of 4, per row
-  reserved = np.shape(logits)[0] * -(-num_samples // 4) * 4 * 2
-  out = _stream_draw(ctx, reserved, lambda words: stateless.multinomial(words, jnp.asarray(logits), num_samples, dtype))
+  # TF's CPU kernel reserves two values per sample, samples rounded up to a multiple of 4, per row
+  blocks = np.shape(logits)[0] * -(-num_samples // 4) * 4 * 2 * _BLOCKS_PER_VALUE
+  out = _stream_draw(ctx, blocks, lambda words: stateless.multinomial(words, jnp.asarray(logits), num_samples, dtype))
   return _categorical(_node_key(ctx), logits, num_samples, dtype) if out is None else out
 
 

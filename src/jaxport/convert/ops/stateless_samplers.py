@@ -542,7 +542,12 @@ def stateless_shuffle(ctx, value, key, counter, alg):
   value = jnp.asarray(value)
   if value.ndim == 0 or value.shape[0] <= 1 or value.size <= 1:
     return value
-  key, counter = v2_words(key, counter, alg)
+  return shuffle(v2_words(key, counter, alg), value)
+
+
+def shuffle(words, value):
+  """`value`'s rows in TF's Fisher-Yates order drawn from the Philox (key, counter) `words`."""
+  key, counter = words
   with ph.wide():
     perm = _permutation(value.shape[0], key, counter)
   return jnp.take(value, perm, axis=0)
