@@ -112,27 +112,29 @@ def test_unseeded_ops_and_the_default_draw_from_rng():
   assert default_fn.requires_rng and not any(k.startswith("random_stream/") for k in default_params)
 
 
+def _dropout_model(seed, rate, outputs, x):
+  """A tf_keras MLP with a Dropout (stateful RandomUniform) seeded through TF's global seed, built on x."""
+  import tf_keras
+  tf.random.set_seed(seed)
+  tf_keras.utils.set_random_seed(seed)
+  model = tf_keras.Sequential([tf_keras.layers.Dense(16, activation="relu"), tf_keras.layers.Dropout(rate),
+                               tf_keras.layers.Dense(outputs)])
+  model(x)
+  return model
+
+
 def test_dropout_training_steps_match_tf():
   import tf_keras
-  tf.random.set_seed(5)
-  tf_keras.utils.set_random_seed(5)
-  model = tf_keras.Sequential([tf_keras.layers.Dense(16, activation="relu"), tf_keras.layers.Dropout(0.3),
-                               tf_keras.layers.Dense(2)])
   x = np.random.RandomState(2).normal(size=(8, 5)).astype(np.float32)
   y = np.random.RandomState(3).normal(size=(8, 2)).astype(np.float32)
-  model(x)
+  model = _dropout_model(5, 0.3, 2, x)
   with _streams_on():
     oracle.check_train_steps(model, tf_keras.optimizers.Adam(1e-2), x, y, steps=3, training=True)
 
 
 def test_jax_grad_through_tfs_dropout_mask_matches_the_tape():
-  import tf_keras
-  tf.random.set_seed(11)
-  tf_keras.utils.set_random_seed(11)
-  model = tf_keras.Sequential([tf_keras.layers.Dense(16, activation="relu"), tf_keras.layers.Dropout(0.5),
-                               tf_keras.layers.Dense(3)])
   x = np.random.RandomState(4).normal(size=(8, 5)).astype(np.float32)
-  model(x)
+  model = _dropout_model(11, 0.5, 3, x)
   fn = tf.function(lambda x: model(x, training=True))
   jax_fn, params = _converted(fn, x)
   trainable = {k: v for k, v in params.items() if jax_fn.trainable[k]}
