@@ -90,9 +90,10 @@ def test_ops_where_needs_rng():
 
 
 def test_seeded_streams_are_the_philox_kernels_tf_seeds():
-  # RandomGamma and RandomPoisson stay on rng
+  # the random ops' stateful draws; candidate samplers and fractional pools draw from rng alone
   assert ops_where(seeded_stream=True) == {"RandomUniform", "RandomUniformInt", "RandomStandardNormal",
-                                           "TruncatedNormal", "Multinomial", "RandomShuffle"}
+                                           "TruncatedNormal", "Multinomial", "RandomShuffle", "RandomGamma",
+                                           "RandomPoisson", "RandomPoissonV2"}
   assert ops_where(seeded_stream=True) <= ops_where(needs_rng=True)
 
 

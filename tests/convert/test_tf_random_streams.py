@@ -1,7 +1,7 @@
 """`tf_random_streams`: stateful random ops that TF seeded draw TF's own numbers, call after call.
 
 TF's kernel for a seeded stateful op (RandomUniform, RandomStandardNormal, TruncatedNormal,
-RandomUniformInt, Multinomial, RandomShuffle) keeps a Philox counter that advances on every run. With the config on,
+RandomUniformInt, Multinomial, RandomShuffle, RandomGamma, RandomPoisson) keeps a Philox counter that advances on every run. With the config on,
 that counter is a param of the converted function and advances the same way, so each call, eager and
 under `jax.jit`, in a loop step, after export and load, and in a TF1 `Session`, gives TF's values.
 """
@@ -55,6 +55,8 @@ DRAWS = {   # name: (function of x, max ulp from TF)
     "categorical": (lambda x: tf.random.categorical(LOGITS, 6), 0),
     "dropout": (lambda x: tf.nn.dropout(x, rate=0.4), 0),
     "shuffle": (lambda x: tf.random.shuffle(tf.range(9)), 0),
+    "gamma": (lambda x: tf.random.gamma([5], [0.5, 2.0, 7.0]), 0),
+    "poisson": (lambda x: tf.random.poisson([4], [1.5, 30.0]), 0),
     "shuffle_rows": (lambda x: tf.random.shuffle(x), 0),
     "op_seed": (lambda x: tf.random.uniform([4], seed=11) * x[0, :4], 0),
 }

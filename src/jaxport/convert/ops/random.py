@@ -11,9 +11,10 @@ as the stateless V2 ops do from that key and counter, then advances the counter 
 reserved (256 per value; a shuffle one per four steps).
 The converted node's counter is a param (`random_stream/<node>`, uint32[4], not trainable), read
 and advanced on each call as TF's kernel does, so call after call, loop step after loop step, the
-draws are TF's (RandomUniform, RandomUniformInt, RandomStandardNormal, TruncatedNormal, Multinomial,
-RandomShuffle; normals within 2 ulp, see `ops/stateless_random.py`). Unseeded nodes, RandomGamma
-and RandomPoisson still draw from `rng`.
+draws are TF's (every stateful op of this module: RandomUniform, RandomUniformInt, RandomStandardNormal,
+TruncatedNormal, Multinomial, RandomShuffle, RandomGamma, RandomPoisson; normals within 2 ulp, see
+`ops/stateless_random.py`). Unseeded nodes still draw from `rng`, as do the candidate samplers and
+fractional pools.
 
 The stateless ops reproduce TF's values: `ops/stateless_random.py` (uniform, normal,
 int, multinomial) and `ops/stateless_samplers.py` (gamma, Poisson, binomial,
@@ -190,11 +191,19 @@ def multinomial(ctx, logits, num_samples):
   return _categorical(_node_key(ctx), logits, num_samples, dtype) if out is None else out
 
 
-@register("RandomGamma", needs_rng=True)
+@register("RandomGamma", needs_rng=True, seeded_stream=True)
 def random_gamma(ctx, shape, alpha):
-  return _gamma(_node_key(ctx), sample_shape(shape), alpha, ctx.attr("T"))
+  shape, dtype = sample_shape(shape), ctx.attr("T")
+  full = shape + np.shape(alpha)
+  out = _stream_draw(ctx, math.prod(full) * _BLOCKS_PER_VALUE,
+                     lambda words: stateless_samplers.gamma(words, full, dtype, alpha))
+  return _gamma(_node_key(ctx), shape, alpha, dtype) if out is None else out
 
 
-@register("RandomPoisson", "RandomPoissonV2", needs_rng=True)
+@register("RandomPoisson", "RandomPoissonV2", needs_rng=True, seeded_stream=True)
 def random_poisson(ctx, shape, rate):
-  return _poisson(_node_key(ctx), sample_shape(shape), rate, ctx.attr("dtype"))
+  shape, dtype = sample_shape(shape), ctx.attr("dtype")
+  full = shape + np.shape(rate)
+  out = _stream_draw(ctx, math.prod(full) * _BLOCKS_PER_VALUE,
+                     lambda words: stateless_samplers.poisson(words, full, dtype, rate))
+  return _poisson(_node_key(ctx), shape, rate, dtype) if out is None else out

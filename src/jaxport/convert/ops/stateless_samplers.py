@@ -416,7 +416,8 @@ def _run_gamma(shape, out_dtype, samples, key, counter, alpha):
   return _as_output(_gamma(key, counter, alpha, samples), shape, out_dtype)
 
 
-def _gamma_op(words, shape, dtype, alpha):
+def gamma(words, shape, dtype, alpha):
+  """TF's gamma draws of `shape` (ending with alpha's shape) from the Philox (key, counter) `words`."""
   alpha, out_dtype = jnp.asarray(alpha), _out_dtype(dtype)
   samples, params = _layout(shape, alpha.shape, "alpha")
   if samples * params == 0:
@@ -441,12 +442,12 @@ def _gamma_op(words, shape, dtype, alpha):
 
 @register("StatelessRandomGammaV2")
 def stateless_gamma_v2(ctx, shape, seed, alpha):
-  return _gamma_op(seed_words(seed), sample_shape(shape), ctx.attr("dtype"), alpha)
+  return gamma(seed_words(seed), sample_shape(shape), ctx.attr("dtype"), alpha)
 
 
 @register("StatelessRandomGammaV3")
 def stateless_gamma_v3(ctx, shape, key, counter, alg, alpha):
-  return _gamma_op(v2_words(key, counter, alg), sample_shape(shape), ctx.attr("dtype"), alpha)
+  return gamma(v2_words(key, counter, alg), sample_shape(shape), ctx.attr("dtype"), alpha)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
@@ -456,13 +457,16 @@ def _run_poisson(shape, out_dtype, samples, key, counter, rate):
 
 @register("StatelessRandomPoisson")
 def stateless_poisson(ctx, shape, seed, lam):
-  shape, rate, out_dtype = sample_shape(shape), jax.lax.stop_gradient(jnp.asarray(lam)), _out_dtype(ctx.attr("dtype"))
+  return poisson(seed_words(seed), sample_shape(shape), ctx.attr("dtype"), lam)
+
+
+def poisson(words, shape, dtype, lam):
+  """TF's Poisson draws of `shape` (ending with lam's shape) from the Philox (key, counter) `words`."""
+  rate, out_dtype = jax.lax.stop_gradient(jnp.asarray(lam)), _out_dtype(dtype)
   samples, params = _layout(shape, rate.shape, "rate")
   if samples * params == 0:
     return jnp.zeros(shape, out_dtype)
-  # TF computes in the rate's type, half in float
-  compute = np.float64
-  key, counter = seed_words(seed)
+  key, counter = words
   with ph.wide():
     return _run_poisson(shape, out_dtype, samples, key, counter, rate.reshape(-1))
 
