@@ -186,3 +186,17 @@ def test_tf1_session_runs_are_matched():
   outs, _ = _calls(jax_fn, params, (X,), jit=True)
   for call, (actual, want) in enumerate(zip(outs, expected)):
     _assert_same(actual, want, f"session run {call}")
+
+
+def test_flax_module_advances_its_counters_as_batch_stats():
+  nnx = pytest.importorskip("flax.nnx")
+  from jaxport.flax import ConvertedModule
+  x = np.random.RandomState(6).normal(size=(8, 5)).astype(np.float32)
+  model = _dropout_model(13, 0.5, 3, x)
+  fn = tf.function(lambda x: model(x, training=True))
+  module = ConvertedModule(*_converted(fn, x))   # no rngs: every draw is seeded
+  counters = [k for k, v in module.variables.items() if isinstance(v, nnx.BatchStat)]
+  assert counters and all(k.startswith("random_stream/") for k in counters)
+  call = nnx.jit(lambda module, x: module(x))
+  for step in range(2):
+    np.testing.assert_allclose(call(module, x), fn(x).numpy(), rtol=1e-6, err_msg=f"call {step}")
