@@ -226,6 +226,72 @@ def segmentation():
   return fn, (images,), dict(train_fn=lambda images: model(images, training=True)["logits"])
 
 
+# --- Image classification backbones ---------------------------------------------------------------
+
+def _classifier(backbone, size):
+  """Model Garden's ClassificationModel (global pool + dense) over `backbone`, inference mode."""
+  from official.vision.modeling import classification_model
+  model = classification_model.ClassificationModel(backbone, num_classes=5)
+  images = _image(size)
+  model(images, training=False)
+  return (lambda images: model(images, training=False)), (images,), {}
+
+
+def _input_spec(size):
+  return tf_keras.layers.InputSpec(shape=[None, size, size, 3])
+
+
+def mobilenet_v4_hybrid():
+  """MobileNetV4-Hybrid-Medium at width 1/4: UIB blocks, fused IB, and mobile multi-query attention."""
+  from official.vision.modeling.backbones import mobilenet
+  _seed()
+  return _classifier(mobilenet.MobileNet("MobileNetV4HybridMedium", input_specs=_input_spec(64),
+                                         filter_size_scale=0.25), 64)
+
+
+def mobiledet():
+  """MobileDet-CPU at width 1/4: inverted bottlenecks with squeeze-excite and hard-swish."""
+  from official.vision.modeling.backbones import mobiledet as mobiledet_backbone
+  _seed()
+  return _classifier(mobiledet_backbone.MobileDet("MobileDetCPU", input_specs=_input_spec(64),
+                                                  filter_size_scale=0.25), 64)
+
+
+def spinenet():
+  """SpineNet-49 at width 1/4, levels 3-5: scale-permuted blocks resampled between levels."""
+  from official.vision.modeling.backbones import spinenet as spinenet_backbone
+  _seed()
+  return _classifier(spinenet_backbone.SpineNet(
+      input_specs=_input_spec(64), min_level=3, max_level=5, filter_size_scale=0.25, resample_alpha=0.5,
+      endpoints_num_filters=32), 64)
+
+
+def spinenet_mobile():
+  """SpineNet-Mobile (levels 3-5, width 1/4): SpineNet's permuted blocks as inverted bottlenecks."""
+  from official.vision.modeling.backbones import spinenet_mobile as spinenet_mobile_backbone
+  _seed()
+  return _classifier(spinenet_mobile_backbone.SpineNetMobile(
+      input_specs=_input_spec(64), min_level=3, max_level=5, filter_size_scale=0.25, expand_ratio=3,
+      endpoints_num_filters=16), 64)
+
+
+def vision_transformer():
+  """ViT: 16x16 patches of a 64x64 image, 2 layers of width 32, class token."""
+  from official.vision.modeling.backbones import vit
+  _seed()
+  return _classifier(vit.VisionTransformer(mlp_dim=64, num_heads=2, num_layers=2, hidden_size=32, patch_size=16,
+                                           input_specs=_input_spec(64), representation_size=0), 64)
+
+
+def resnet_rs():
+  """ResNet-RS-50 at depth 1/4: ResNet-D shortcuts (average pool), a strided conv for the stem pool,
+  squeeze-excite."""
+  from official.vision.modeling.backbones import resnet
+  _seed()
+  return _classifier(resnet.ResNet(model_id=50, input_specs=_input_spec(64), depth_multiplier=0.25, stem_type="v1",
+                                   resnetd_shortcut=True, replace_stem_max_pool=True, se_ratio=0.25), 64)
+
+
 def _movinet(causal, external_states):
   from official.projects.movinet.modeling import movinet, movinet_model
   _seed()
@@ -284,4 +350,5 @@ def yolo():
 CORPUS = {f.__name__: f for f in [
   bert_encoder, albert_encoder, mobilebert_encoder, fnet_encoder, seq2seq_transformer_train,
   seq2seq_transformer_beam_search, seq2seq_transformer_padded_beam_search, t5_transformer, retinanet, maskrcnn,
-  segmentation, movinet_a0, movinet_a0_stream, yolo]}
+  segmentation, movinet_a0, movinet_a0_stream, yolo, mobilenet_v4_hybrid, mobiledet, spinenet, spinenet_mobile,
+  vision_transformer, resnet_rs]}

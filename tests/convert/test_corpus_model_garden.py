@@ -1,6 +1,7 @@
 """A corpus of TF Model Garden 2.20 (tf-models-official) programs: the BERT, ALBERT, MobileBERT and FNet
 encoders, the seq2seq Transformer (teacher forcing and beam search), T5, RetinaNet and Mask R-CNN with
-their detection generators, DeepLabV3+, MoViNet-A0 (whole clip and streaming) and YOLO.
+their detection generators, DeepLabV3+, MoViNet-A0 (whole clip and streaming), YOLO, and image
+classifiers over the MobileNetV4-Hybrid, MobileDet, SpineNet, SpineNet-Mobile, ViT and ResNet-RS backbones.
 
 Built from Model Garden's configs and factories at tiny sizes (tests/model_garden_programs.py). Each
 converts, matches TF eager and under `jax.jit`, and takes `jax.grad` against `tf.GradientTape`: of its
@@ -31,7 +32,7 @@ for _module in ("official", "tensorflow_datasets", "pycocotools", "cv2", "immuta
 import model_garden_programs as programs  # noqa: E402
 
 IN_CI = ["bert_encoder", "fnet_encoder", "t5_transformer", "seq2seq_transformer_beam_search", "segmentation",
-         "retinanet"]
+         "retinanet", "vision_transformer"]
 TRAINING = ["retinanet", "segmentation", "yolo"]   # detectors and the segmenter: training-mode outputs too
 EAGER_ONLY = {   # name: why jax.jit cannot run it (the converter raises its typed error under jit)
   "seq2seq_transformer_beam_search": "unpadded beam search grows its sequences and cache by one step per "
