@@ -125,6 +125,14 @@ def _dropout_model(seed, rate, outputs, x):
   return model
 
 
+def test_a_retrace_for_another_static_value_converts_with_the_same_settings():
+  tf.random.set_seed(2)
+  fn = tf.function(lambda x, heavy: tf.nn.dropout(x, rate=0.5 if heavy else 0.25))
+  jax_fn, params = _converted(fn, X, True)
+  out, _ = jax_fn(params, X, False)   # retraced outside the override: still TF's stream, no rng
+  assert np.asarray(out).shape == X.shape and not jax_fn.requires_rng
+
+
 def test_dropout_training_steps_match_tf():
   import tf_keras
   x = np.random.RandomState(2).normal(size=(8, 5)).astype(np.float32)

@@ -189,7 +189,8 @@ class ConvertedFunction(CallForms):
           f"argument {m.path} was traced as {m.traced!r} (baked into the graph) and this call gives "
           f"{m.given!r}; a function converted from a SavedModel signature cannot retrace. Convert with "
           f"jaxport.convert(restored_fn, ..., {m.path.split('[')[0]}=...) for that value.")
-    variant = self._retrace(args, kwargs, self._signature)
+    with _config.override_configs(self._config):   # the settings this function was converted with
+      variant = self._retrace(args, kwargs, self._signature)
     extra = sorted(set(variant.param_keys) - set(self.param_keys))
     if extra:
       raise StaticArgumentError(
