@@ -232,7 +232,8 @@ def test_loaded_winograd_conv_differentiates_without_scatters(tmp_path, polymorp
   w = tf.Variable((rs.normal(size=(3, 3, 64, 8)) / 24).astype(np.float32))
   fn = tf.function(lambda x: tf.nn.conv2d(x, w, 1, "SAME"))
   jax_fn, params = jaxport.convert(fn, tf.TensorSpec([None, 16, 16, 64], tf.float32))
-  assert "stablehlo.gather" in jax.jit(jax_fn).lower(params, x).as_text()   # the Winograd path was taken
+  # The Winograd path was taken where YNNPACK is off (an export traces so too).
+  assert "stablehlo.gather" in jaxport.jit(jax_fn).lower(params, x).as_text()
   if polymorphic:
     jaxport.export(jax_fn, params, path=tmp_path / "wino", platforms=("cpu", "cuda"), batch_polymorphic=True)
   else:
@@ -250,3 +251,25 @@ def test_loaded_winograd_conv_differentiates_without_scatters(tmp_path, polymorp
   np.testing.assert_allclose(got_w, want_w, rtol=1e-4, atol=1e-4 * float(np.abs(want_w).max()))
   np.testing.assert_allclose(got_x, want_x, rtol=1e-4, atol=1e-4 * float(np.abs(want_x).max()))
   assert "scatter" not in jax.jit(jax.grad(loss, (0, 1))).lower(loaded_params, x).as_text()
+
+
+def test_loaded_conv_computes_values_base_dilated_under_plain_jit(tmp_path):
+  # The artifact keeps XLA's plain conv; its reader computes the values base-dilated under YNNPACK (a
+  # plain jax.jit), as the converter does, and differentiates the plain conv.
+  rs = np.random.RandomState(0)
+  x = rs.normal(size=(2, 12, 12, 16)).astype(np.float32)
+  w = tf.Variable((rs.normal(size=(5, 5, 16, 8)) / 24).astype(np.float32))
+  fn = tf.function(lambda x: tf.nn.conv2d(x, w, 1, "SAME"))
+  jax_fn, params = jaxport.convert(fn, x)
+  jaxport.export(jax_fn, params, x, path=tmp_path / "conv", platforms=("cpu",))
+  loaded, loaded_params = jaxport.load(tmp_path / "conv")
+  assert "lhs_dilation" not in loaded.exported.mlir_module()
+  plain = jax.jit(loaded)
+  assert "lhs_dilate=2x2" in plain.lower(loaded_params, x).compile().as_text()
+  assert "lhs_dilate" not in jaxport.jit(loaded).lower(loaded_params, x).compile().as_text()
+  np.testing.assert_allclose(plain(loaded_params, x)[0], fn(x), rtol=1e-4, atol=1e-4)
+  with tf.GradientTape() as tape:
+    value = tf.reduce_sum(fn(tf.constant(x)) ** 2)
+  (got,) = jax.tree.leaves(jax.jit(jax.grad(lambda p: (loaded(p, x)[0] ** 2).sum()))(loaded_params))
+  want = tape.gradient(value, w)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))

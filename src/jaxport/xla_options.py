@@ -9,18 +9,23 @@ with convolutions compiles with YNNPACK off (`CONV_NET_CPU_OPTIONS`); anything e
 defaults. Measurements: benchmarks/README.md.
 
 The options are per computation (`jax.jit(..., compiler_options=...)`), so they change nothing
-else in the process. For a conv net's inference jitted elsewhere (a Flax loop), pass
-`compiler_options=CONV_NET_CPU_OPTIONS` to its `jax.jit`, or set the flag for the whole process
+else in the process. For a conv net's inference jitted elsewhere (a Flax loop), use
+`jit_with_options(fn, CONV_NET_CPU_OPTIONS)`, or set the flag for the whole process
 before JAX starts: `XLA_FLAGS="--xla_cpu_experimental_ynn_fusion_type="` (`xla_flags_line()`). Not
 for training steps: their backward convs and GEMMs run 1.6-1.9x faster with YNNPACK on.
 Other backends ignore `xla_cpu_*` options.
 
 Under a plain `jax.jit` (XLA's defaults) the converted graph itself keeps the worst case away:
 `fusion_boundary` in front of each dense layer stops YNNPACK from outlining a conv trunk together
-with the dense layers after it (VGG16, batch 2: 0.88 s -> 0.34 s, as fast as with YNNPACK off).
+with the dense layers after it (VGG16, batch 2: 0.88 s -> 0.34 s, as fast as with YNNPACK off), and
+most convs compute their values in a form YNNPACK refuses (`conv_lowering.base_dilation_pays`). Those
+choices depend on the options, so `jit_with_options` traces with `compiling_without_ynn()` true
+where they turn YNNPACK off.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import warnings
 from typing import Any, Callable
@@ -75,7 +80,42 @@ def jit(fun: Callable, /, **jit_kwargs) -> Callable:
   Options the caller passes in `compiler_options` win over jaxport's.
   """
   options = {**compiler_options(fun), **(jit_kwargs.pop("compiler_options", None) or {})}
+  return jit_with_options(fun, options, **jit_kwargs)
+
+
+_COMPILING_WITHOUT_YNN = contextvars.ContextVar("jaxport_compiling_without_ynn", default=False)
+
+
+def compiling_without_ynn() -> bool:
+  """Whether the trace in progress is for a computation compiled with YNNPACK off (`jit_with_options`):
+  the converter's lowerings then pick what XLA's own kernels run fastest, not what YNNPACK does."""
+  return _COMPILING_WITHOUT_YNN.get()
+
+
+def jit_with_options(fun: Callable, options: dict[str, Any], /, **jit_kwargs) -> Callable:
+  """`jax.jit(fun, compiler_options=options)`; where the options turn YNNPACK off, `fun` traces with
+  `compiling_without_ynn()` true."""
+  if options.get("xla_cpu_experimental_ynn_fusion_type") == "":
+    fun = _traced_without_ynn(fun)
   return jax.jit(fun, compiler_options=options or None, **jit_kwargs)
+
+
+@contextlib.contextmanager
+def tracing_without_ynn():
+  """Traces in this block pick the lowerings for a computation compiled with YNNPACK off."""
+  token = _COMPILING_WITHOUT_YNN.set(True)
+  try:
+    yield
+  finally:
+    _COMPILING_WITHOUT_YNN.reset(token)
+
+
+def _traced_without_ynn(fun: Callable) -> Callable:
+  @functools.wraps(fun, updated=())
+  def traced(*args, **kwargs):
+    with tracing_without_ynn():
+      return fun(*args, **kwargs)
+  return traced
 
 
 _BOUNDARY_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))

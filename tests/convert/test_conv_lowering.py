@@ -8,12 +8,14 @@ import pytest
 import tensorflow as tf
 from jax import lax
 
+import jaxport
+from jaxport import xla_options
 from jaxport.convert.ops import conv_lowering as cl
 from jaxport.convert.ops import nn
 from oracle import check
 
 RAW = tf.raw_ops
-GEMM_LOWERINGS = ["shifted", "im2col"]
+GEMM_LOWERINGS = ["shifted", "im2col", "base_dilated"]
 WINOGRAD_LOWERINGS = ["winograd2", "winograd4"]
 
 
@@ -86,9 +88,14 @@ def test_backprop_ops_through_lowering(force, name):
 
 def test_dispatch_picks_by_shape():
   same = lambda s: _spec(strides=[1, s, s, 1], padding="SAME")
-  choose = lambda x, w, spec=same(1), dtype=np.float32: cl.choose_cpu_lowering(
-      jax.ShapeDtypeStruct(x, dtype), jax.ShapeDtypeStruct(w, dtype), spec)
+
+  def choose(x, w, spec=same(1), dtype=np.float32):
+    with xla_options.tracing_without_ynn():   # Winograd is for XLA's own kernels
+      return cl.choose_cpu_lowering(jax.ShapeDtypeStruct(x, dtype), jax.ShapeDtypeStruct(w, dtype), spec)
   assert choose((2, 56, 56, 64), (3, 3, 64, 64)) is cl.conv_winograd
+  # Under YNNPACK (a plain jax.jit) the base-dilated conv beats Winograd.
+  assert cl.choose_cpu_lowering(np.zeros((2, 56, 56, 64), np.float32), np.zeros((3, 3, 64, 64), np.float32),
+                                same(1)) is None
   assert choose((2, 56, 56, 64), (3, 3, 64, 64), dtype=np.int32) is None
   assert choose((2, 56, 56, 64), (3, 3, 64, 64), dtype=np.float16) is None
   assert choose((2, 7, 7, 512), (3, 3, 512, 512)) is not cl.conv_winograd
@@ -102,10 +109,65 @@ def test_dispatch_real_shape_matches_tf():
   # Big enough to take the Winograd path without forcing it; NCHW; bias and relu around it.
   x, w = normal(1, 64, 16, 16), normal(3, 3, 64, 8, seed=1) / 20
   spec = _spec(strides=[1, 1, 1, 1], padding="SAME", data_format="NCHW")
-  assert cl.choose_cpu_lowering(x, w, spec) is cl.conv_winograd
+  with xla_options.tracing_without_ynn():
+    assert cl.choose_cpu_lowering(x, w, spec) is cl.conv_winograd
   fn = lambda x, w: tf.nn.relu(RAW.Conv2D(input=x, filter=w, strides=[1, 1, 1, 1], padding="SAME",
                                           data_format="NCHW") + 1.0)
-  check(fn, x, w, atol=1e-4, rtol=1e-4)
+  jax_fn = check(fn, x, w, atol=1e-4, rtol=1e-4)   # plain jax.jit: the base-dilated conv
+  assert "lhs_dilate" in jax.jit(jax_fn).lower({}, x, w).compile().as_text()
+  ours = jaxport.jit(jax_fn)
+  assert "gather" in ours.lower({}, x, w).as_text()   # YNNPACK off: Winograd
+  np.testing.assert_allclose(ours({}, x, w)[0], fn(x, w), atol=1e-4, rtol=1e-4)
+
+
+CALL_FORMS = {
+    "plain jax.jit": lambda f: jax.jit(f),
+    "jaxport.jit": lambda f: jaxport.jit(f),
+    "eager": lambda f: f,
+}
+
+
+@pytest.mark.parametrize("form", CALL_FORMS)
+def test_base_dilated_values_with_plain_conv_derivatives(form):
+  # A 5x5 conv (no Winograd) of 16+ channels: under YNNPACK its values come from the base-dilated conv,
+  # its tangents and gradients from XLA's plain conv and the filter taps, in every call form.
+  kw = dict(strides=[1, 2, 1, 1], padding="SAME")
+  f = tf.function(lambda x, w: tf.nn.relu(RAW.Conv2D(input=x, filter=w, **kw)))
+  x, w = normal(2, 9, 8, 16), normal(5, 5, 16, 4, seed=1) / 10
+  jax_fn, params = jaxport.convert(f, x, w)
+  run = CALL_FORMS[form](lambda x, w: jax_fn(params, x, w)[0])
+  np.testing.assert_allclose(run(x, w), f(x, w), atol=1e-5, rtol=1e-5)
+  plain = jax.jit(lambda x, w: jax_fn(params, x, w)[0])
+  hlo = plain.lower(x, w).compile().as_text()
+  assert "lhs_dilate=2x2" in hlo
+  grad_hlo = jax.jit(jax.grad(lambda x, w: plain(x, w).sum(), (0, 1))).lower(x, w).compile().as_text()
+  assert "lhs_dilate=2x2" in grad_hlo   # the forward ...
+  assert grad_hlo.count("lhs_dilate=2x2") == hlo.count("lhs_dilate=2x2")   # ... only
+  with tf.GradientTape() as tape:
+    xv, wv = tf.constant(x), tf.constant(w)
+    tape.watch([xv, wv])
+    loss = tf.reduce_sum(f(xv, wv) * np.arange(2 * 5 * 8 * 4).reshape(2, 5, 8, 4) / 100)
+  expected = tape.gradient(loss, [xv, wv])
+  weights = np.arange(2 * 5 * 8 * 4).reshape(2, 5, 8, 4) / 100
+  got = jax.grad(lambda x, w: (run(x, w) * weights).sum(), (0, 1))(x, w)
+  for g, e in zip(got, expected):
+    np.testing.assert_allclose(g, e, atol=1e-4, rtol=1e-4)
+  dx, dw = normal(*x.shape, seed=3), normal(*w.shape, seed=4)
+  _, tangent = jax.jvp(run, (x, w), (dx, dw))
+  _, expected_tangent = jax.jvp(lambda x, w: jax.nn.relu(_lax_conv(x, w, _spec(**kw))), (x, w), (dx, dw))
+  np.testing.assert_allclose(tangent, expected_tangent, atol=1e-4, rtol=1e-4)
+  batched = jax.vmap(run, in_axes=(0, None))(np.stack([x, 2 * x]), w)
+  np.testing.assert_allclose(batched[1], f(2 * x, w), atol=1e-5, rtol=1e-5)
+
+
+def test_small_or_wide_convs_keep_the_plain_conv():
+  pays = cl.base_dilation_pays
+  assert pays(np.float32, 16, 35 * 35 * 16) and pays(np.float32, 80, 73 * 73 * 80)
+  assert not pays(np.float32, 3, 224 * 224 * 3)            # a stem: XLA's conv is faster
+  assert not pays(np.float32, 64, 224 * 224 * 64)          # wide inputs: YNNPACK's conv is faster
+  assert not pays(np.float16, 64, 35 * 35 * 64)
+  with xla_options.tracing_without_ynn():
+    assert not pays(np.float32, 80, 73 * 73 * 80)           # jaxport.jit: XLA's kernel takes the plain conv
 
 
 # --------------------------------------------------------------------------- direct, vs lax

@@ -143,7 +143,7 @@ class ConvertedFunction(CallForms):
   def _jitted_graph(self) -> Callable:
     """The graph as one jit for eager calls, with the XLA options `jaxport.jit` picks (a conv net's)."""
     from jaxport import xla_options
-    return jax.jit(self._run_graph, compiler_options=xla_options.compiler_options(self) or None)
+    return xla_options.jit_with_options(self._run_graph, xla_options.compiler_options(self))
 
   def _worth_one_jit(self) -> bool:
     """Whether the graph has enough nodes that one compile beats compiling its ops apart (which JAX

@@ -14,7 +14,12 @@ strides, dilations, `pads(spatial_shape, window)`). They work in NHWC internally
     ~20 ms of compile each), its derivatives from the strided slices (transposed to pads, not the
     gathers' serial scatter-adds): a `custom_jvp`, marked for export.
 
-`choose_cpu_lowering` picks one per shape from benchmarks/conv_lowering_bench.py's measurements.
+  * `conv_general_base_dilated`: the same conv over the input dilated by 2 (stride 2s, kernel
+    dilation 2d). XLA:CPU's YNNPACK refuses base-dilated convs, so XLA's own kernel runs it: under
+    XLA's default options (a plain `jax.jit`) 0.5-0.9x the time of the conv YNNPACK takes.
+
+`choose_cpu_lowering` picks one per shape from benchmarks/conv_lowering_bench.py's measurements;
+`base_dilation_pays` says where the base-dilated form computes a conv's values.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ import numpy as np
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
+from jaxport import xla_options
 from jaxport.convert import _jax_compat, export_marks
 
 Array = Any
@@ -285,6 +291,49 @@ def conv_xla(x: Array, w: Array, spec, groups: int = 1) -> Array:
                                   dimension_numbers=spec.dimension_numbers(), feature_group_count=groups)
 
 
+def conv_general_base_dilated(lhs: Array, rhs: Array, *, window_strides, padding, rhs_dilation,
+                              dimension_numbers) -> Array:
+  """`lax.conv_general_dilated` (no lhs dilation, one group) over the input dilated by 2: with stride
+  2s, kernel dilation 2d and pads doubled, output i's tap k reads dilated position 2(s*i + d*k - lo),
+  i.e. input s*i + d*k - lo, as the plain conv does; the output sizes agree too."""
+  n = len(window_strides)
+  return lax.conv_general_dilated(lhs, rhs, window_strides=[2 * s for s in window_strides],
+                                  padding=[(2 * lo, 2 * hi) for lo, hi in padding], lhs_dilation=(2,) * n,
+                                  rhs_dilation=[2 * d for d in rhs_dilation], dimension_numbers=dimension_numbers)
+
+
+def conv_base_dilated(x: Array, w: Array, spec) -> Array:
+  """`conv_xla` (one group) as `conv_general_base_dilated`."""
+  x, w = jnp.asarray(x), jnp.asarray(w)
+  pads = spec.pads([x.shape[i] for i in spec.spatial], w.shape[:-2])
+  return conv_general_base_dilated(x, w, window_strides=spec.strides, padding=pads, rhs_dilation=spec.dilations,
+                                   dimension_numbers=spec.dimension_numbers())
+
+
+# Under XLA's default options the base-dilated form ran 0.55-0.95x YNNPACK's conv at batch 2 and 32 on
+# inputs up to 147x147x32 per example, and 1.05-1.6x on wider ones (224x224x64, 112x112x128) and on
+# 3-channel stems (benchmarks/README.md).
+_BASE_DILATED_MIN_CHANNELS = 16
+_BASE_DILATED_MAX_EXAMPLE = 2**20
+
+
+def base_dilation_pays(dtype, in_channels, example_size) -> bool:
+  """Whether a float32 2-D conv with this many input channels and input elements per example computes
+  its values faster as `conv_general_base_dilated` on CPU. Only under YNNPACK (XLA's default options):
+  never in a computation `jaxport.jit` compiles with YNNPACK off, where XLA's kernel takes the plain
+  conv, nor while exporting (an artifact keeps the plain conv; its reader picks again)."""
+  if jnp.dtype(dtype) != jnp.float32 or not _under_ynn():
+    return False
+  if not all(isinstance(d, (int, np.integer)) for d in (in_channels, example_size)):
+    return False
+  return in_channels >= _BASE_DILATED_MIN_CHANNELS and example_size <= _BASE_DILATED_MAX_EXAMPLE
+
+
+def on_cpu(cpu: Callable, default: Callable) -> Callable:
+  """`f(x, w)` that runs `cpu` on CPU and `default` elsewhere."""
+  return lambda x, w: lax.platform_dependent(x, w, cpu=cpu, default=default)
+
+
 # Measured up to 7x7 (49 taps: 80.7 vs 74.9 ms at 17x17x128); the trace grows with the taps, so larger
 # windows keep XLA's filter-gradient conv.
 _TAP_FILTER_GRAD_MAX_TAPS = 49
@@ -295,14 +344,17 @@ def tap_filter_grad_pays(window) -> bool:
   return int(np.prod(window)) <= _TAP_FILTER_GRAD_MAX_TAPS
 
 
-def with_tap_filter_grad(conv: Callable, taps: Callable) -> Callable:
+def with_tap_filter_grad(conv: Callable, taps: Callable, values: Callable | None = None) -> Callable:
   """`conv(x, w)` whose tangent w.r.t. the filter is `taps(x, w)` (the same conv as one GEMM per tap)
   on XLA:CPU: the filter's gradient is then one dot per tap contracting the output rows, where
   XLA:CPU's own filter-gradient conv (through YNNPACK) ran 1.1-2.8x slower (ResNet50's 7x7 stride-2
-  stem at batch 8: 315 -> 113 ms). Values, and every tangent elsewhere, are `conv`'s."""
+  stem at batch 8: 315 -> 113 ms). Every other tangent is `conv`'s; the values are `values(x, w)`
+  (another form of the same conv, default `conv`)."""
+  values = values or conv
+
   @jax.custom_jvp
   def tapped(x, w):
-    return conv(x, w)
+    return values(x, w)
 
   def tapped_jvp(primals, tangents):
     (x, w), (dx, dw) = primals, tangents
@@ -311,16 +363,19 @@ def with_tap_filter_grad(conv: Callable, taps: Callable) -> Callable:
       terms.append(conv(dx, w))
     if not isinstance(dw, SymbolicZero):
       terms.append(lax.platform_dependent(x, dw, cpu=taps, default=conv))
-    y = conv(x, w)
+    y = values(x, w)
     return y, functools.reduce(lax.add, terms) if terms else jnp.zeros_like(y)
 
   tapped.defjvp(tapped_jvp, symbolic_zeros=True)
   return tapped
 
 
-def conv_xla_tap_filter_grad(x: Array, w: Array, spec) -> Array:
-  """`conv_xla` (groups 1) with the filter gradient of `with_tap_filter_grad`."""
-  conv = with_tap_filter_grad(functools.partial(conv_xla, spec=spec), functools.partial(conv_shifted_gemm, spec=spec))
+def conv_xla_tap_filter_grad(x: Array, w: Array, spec, base_dilated: bool = False) -> Array:
+  """`conv_xla` (groups 1) with the filter gradient of `with_tap_filter_grad`; its values on CPU by
+  `conv_base_dilated` where `base_dilated`."""
+  plain = functools.partial(conv_xla, spec=spec)
+  values = on_cpu(functools.partial(conv_base_dilated, spec=spec), plain) if base_dilated else None
+  conv = with_tap_filter_grad(plain, functools.partial(conv_shifted_gemm, spec=spec), values)
   return conv(jnp.asarray(x), jnp.asarray(w))
 
 
@@ -401,7 +456,7 @@ def _depthwise_taps_jvp(window, strides, dilations, primals, tangents):
 
 LOWERINGS: dict[str, Callable] = {
     "xla": conv_xla, "shifted": conv_shifted_gemm, "im2col": conv_im2col,
-    "winograd2": conv_winograd, "winograd4": conv_winograd4,
+    "winograd2": conv_winograd, "winograd4": conv_winograd4, "base_dilated": conv_base_dilated,
 }
 
 
@@ -412,13 +467,19 @@ _WINOGRAD_MIN_CHANNELS = 64
 _WINOGRAD_MAX_INPUT = 4 * 2**20
 
 
+def _under_ynn() -> bool:
+  """Whether the trace in progress compiles under XLA's default options (YNNPACK on) and is not an export."""
+  return not (xla_options.compiling_without_ynn() or export_marks.exporting_now())
+
+
 def choose_cpu_lowering(x: Array, w: Array, spec) -> Callable | None:
   """The fastest measured lowering for this conv on XLA:CPU, or None to keep `conv_general_dilated`.
 
   Only float32 stride-1 undilated 3x3 convs change (to `conv_winograd`, m=2): in
   benchmarks/conv_lowering_bench.py the GEMM lowerings (shifted, im2col) never beat XLA's conv
   by more than noise, and F(4x4, 3x3) is faster still but 10x less accurate (2e-5 relative at 256
-  channels). x and w may be arrays or `jax.ShapeDtypeStruct`s.
+  channels). Only where YNNPACK is off (`jaxport.jit`) or exporting: under XLA's defaults the
+  base-dilated conv is faster (`base_dilation_pays`). x and w may be arrays or `jax.ShapeDtypeStruct`s.
   """
   if len(w.shape) != 4 or jnp.dtype(x.dtype) != jnp.float32 or jnp.dtype(w.dtype) != jnp.float32:
     return None
@@ -434,7 +495,11 @@ def choose_cpu_lowering(x: Array, w: Array, spec) -> Callable | None:
   out = [n + lo + hi - 2 for n, (lo, hi) in zip(spatial, pads)]
   tiles = batch * (-(-out[0] // 2)) * (-(-out[1] // 2))
   per_example = int(np.prod([d for i, d in enumerate(x.shape) if i != batch_axis]))
-  if (tiles >= _WINOGRAD_MIN_TILES and w.shape[2] >= _WINOGRAD_MIN_CHANNELS
-      and batch * per_example <= _WINOGRAD_MAX_INPUT):
-    return conv_winograd
-  return None
+  if not (tiles >= _WINOGRAD_MIN_TILES and w.shape[2] >= _WINOGRAD_MIN_CHANNELS
+          and batch * per_example <= _WINOGRAD_MAX_INPUT):
+    return None
+  if _under_ynn():
+    # Under YNNPACK, Winograd's GEMMs (and its filter transform, a YNNPACK GEMM per call) lost to the
+    # base-dilated conv on every measured shape but VGG16's 28x28x512, where its transform lost it back.
+    return None
+  return conv_winograd

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -98,7 +99,9 @@ def _conv(x, w, spec: _ConvSpec):
     # Dense 2-D convs as GEMMs/Winograd on CPU (see conv_lowering), XLA's conv elsewhere (cuDNN).
     return _traced_once(_by_platform, x, w, spec, cpu=cpu_lowering, default=conv_lowering.conv_xla)
   if groups == 1 and len(spec.spatial) == 2 and conv_lowering.tap_filter_grad_pays(w.shape[:2]):
-    return _traced_once(conv_lowering.conv_xla_tap_filter_grad, x, w, spec)
+    example = [d for i, d in enumerate(x.shape) if i != spec.data_format.index("N")]
+    base_dilated = conv_lowering.base_dilation_pays(x.dtype, x.shape[spec.channel_axis], math.prod(example))
+    return _traced_once(conv_lowering.conv_xla_tap_filter_grad, x, w, spec, base_dilated=base_dilated)
   return conv_lowering.conv_xla(x, w, spec, groups)
 
 
