@@ -19,6 +19,7 @@ from jaxport import composite
 from jaxport.artifact import _manifest as mf
 from jaxport.artifact._params import read_params
 from jaxport.call_forms import CallForms
+from jaxport.convert import export_marks
 from jaxport.errors import (ArtifactError, DtypeMismatchError, MissingInputError, ShapeMismatchError,
                             StableHLOError)
 from jaxport.interop._dtypes import check_fits_jax
@@ -76,7 +77,10 @@ class LoadedFunction(CallForms):
 
   @property
   def has_convolutions(self) -> bool:
-    return "stablehlo.convolution" in self._module.op_names()
+    """Whether the module has convolutions, as XLA's op or as the converter's Winograd conv (a mark)."""
+    winograd = export_marks.PREFIX + "winograd_conv"
+    return ("stablehlo.convolution" in self._module.op_names()
+            or any(name.startswith(winograd) for name in self._module.functions))
 
   def _run(self, form: str, params, args, kwargs, rng):
     flat = self.flat_inputs(params, *args, rng=rng, **kwargs)

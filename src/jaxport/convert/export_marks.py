@@ -57,14 +57,15 @@ def named_jit(name: str, fn: Callable) -> Callable:
   return jax.jit(named)
 
 
-def marked(name: str, static: bool = False) -> Callable[[Callable], Callable]:
+def marked(name: str, static: bool = False, reader: Callable | None = None) -> Callable[[Callable], Callable]:
   """Registers `fn(*arrays)` under `name` and returns it marked for export. With `static`, the rule is
-  `fn(*arrays, **static_args)`: ints, floats, strings and lists of them, written into the function's name."""
+  `fn(*arrays, **static_args)`: ints, floats, strings and lists of them, written into the function's name.
+  A loaded artifact runs `reader` (same arguments; default `fn`) where the module calls the mark."""
   if not re.fullmatch(r"[a-z][a-z0-9_]*[a-z]", name) or name in _RULES:
     raise ValueError(f"mark name {name!r} is taken or is not lower_snake_case ending in a letter")
 
   def mark(fn: Callable) -> Callable:
-    _RULES[name] = fn
+    _RULES[name] = reader or fn
     calls: dict[str, Callable] = {}
     inlined: dict[str, Callable] = {}
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from typing import Any, Callable
 
 import jax
@@ -37,6 +38,7 @@ from jaxport import xla_options
 from jaxport.convert import _jax_compat, export_marks
 
 Array = Any
+_NHWC = ("NHWC", "HWIO", "NHWC")
 
 # Winograd transforms: y = A^T [(G g G^T) * (B^T d B)] A.
 _WINOGRAD = {
@@ -178,7 +180,16 @@ def conv_winograd(x: Array, w: Array, spec, m: int = 2) -> Array:
   return _from_nhwc(y[:, :oh, :ow], spec)
 
 
-@export_marks.marked("winograd_conv", static=True)
+def _winograd_read(x, w, *, m):
+  """What a loaded artifact runs for a Winograd conv: the conv the converter picks for the trace in
+  progress (`choose_cpu_lowering`), over the same whole tiles."""
+  if _under_ynn():
+    return conv_general_tapped(x, w, window_strides=(1, 1), padding=((0, 0), (0, 0)), rhs_dilation=(1, 1),
+                               dimension_numbers=lax.conv_dimension_numbers(x.shape, w.shape, _NHWC))
+  return _winograd(x, w, m)
+
+
+@export_marks.marked("winograd_conv", static=True, reader=_winograd_read)
 def _winograd_marked(x, w, *, m):
   return _winograd(x, w, m)
 
@@ -370,13 +381,29 @@ def with_tap_filter_grad(conv: Callable, taps: Callable, values: Callable | None
   return tapped
 
 
+def conv_general_tapped(lhs: Array, rhs: Array, *, window_strides, padding, rhs_dilation, dimension_numbers,
+                        conv: Callable | None = None, base_dilated: bool | None = None) -> Array:
+  """A forward 2-D conv (one group, no lhs dilation; `conv`, default XLA's) with the filter gradient
+  of `with_tap_filter_grad`, and its values on CPU by `conv_general_base_dilated` where `base_dilated`
+  (default: where `base_dilation_pays`)."""
+  geometry = dict(window_strides=window_strides, padding=padding, rhs_dilation=rhs_dilation,
+                  dimension_numbers=dimension_numbers)
+  conv = conv or functools.partial(lax.conv_general_dilated, **geometry)
+  if base_dilated is None:
+    batch_axis, channel_axis = dimension_numbers.lhs_spec[:2]
+    example = math.prod(d for i, d in enumerate(lhs.shape) if i != batch_axis)
+    base_dilated = base_dilation_pays(lhs.dtype, lhs.shape[channel_axis], example)
+  values = on_cpu(functools.partial(conv_general_base_dilated, **geometry), conv) if base_dilated else None
+  return with_tap_filter_grad(conv, functools.partial(conv_general_shifted_gemm, **geometry), values)(lhs, rhs)
+
+
 def conv_xla_tap_filter_grad(x: Array, w: Array, spec, base_dilated: bool = False) -> Array:
-  """`conv_xla` (groups 1) with the filter gradient of `with_tap_filter_grad`; its values on CPU by
-  `conv_base_dilated` where `base_dilated`."""
-  plain = functools.partial(conv_xla, spec=spec)
-  values = on_cpu(functools.partial(conv_base_dilated, spec=spec), plain) if base_dilated else None
-  conv = with_tap_filter_grad(plain, functools.partial(conv_shifted_gemm, spec=spec), values)
-  return conv(jnp.asarray(x), jnp.asarray(w))
+  """`conv_xla` (groups 1) as `conv_general_tapped`."""
+  x, w = jnp.asarray(x), jnp.asarray(w)
+  return conv_general_tapped(
+      x, w, window_strides=tuple(spec.strides), padding=spec.pads([x.shape[i] for i in spec.spatial], w.shape[:-2]),
+      rhs_dilation=tuple(spec.dilations), base_dilated=base_dilated,
+      dimension_numbers=lax.conv_dimension_numbers(x.shape, w.shape, spec.dimension_numbers()))
 
 
 def depthwise_taps(x: Array, w: Array, window, strides, dilations) -> Array:

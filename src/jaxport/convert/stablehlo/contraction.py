@@ -11,7 +11,6 @@ tolerance, not bit for bit: the summation order is XLA's choice each time it com
 from __future__ import annotations
 
 import functools
-import math
 import re
 
 import jax.numpy as jnp
@@ -132,14 +131,8 @@ def convolution(ctx, lhs, rhs):
       and conv_lowering.tap_filter_grad_pays([rhs.shape[d] for d in dn["kernel_spatial_dimensions"]])):
     # A forward 2-D conv (as converted TF convs export): its filter gradient by one GEMM per tap on
     # CPU, as the converter's own rule differentiates it.
-    geometry = dict(window_strides=strides, padding=padding, rhs_dilation=rhs_dilation, dimension_numbers=dnums)
-    taps = functools.partial(conv_lowering.conv_general_shifted_gemm, **geometry)
-    in_channels = lhs.shape[dn["input_feature_dimension"]]
-    example = math.prod(d for i, d in enumerate(lhs.shape) if i != dn["input_batch_dimension"])
-    values = None
-    if conv_lowering.base_dilation_pays(lhs.dtype, in_channels, example):
-      values = conv_lowering.on_cpu(functools.partial(conv_lowering.conv_general_base_dilated, **geometry), conv)
-    return conv_lowering.with_tap_filter_grad(conv, taps, values)(lhs, rhs)
+    return conv_lowering.conv_general_tapped(lhs, rhs, window_strides=strides, padding=padding,
+                                             rhs_dilation=rhs_dilation, dimension_numbers=dnums, conv=conv)
   return conv(lhs, rhs)
 
 
