@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxport.convert.interpreter import VariableRef
 from jaxport.convert.ops import philox as ph
 from jaxport.convert.ops import stateless_random as stateless
 from jaxport.convert.ops import stateless_samplers
@@ -128,7 +129,6 @@ def _stream_draw(ctx, blocks: int, draw):
   key = ctx.runtime.library.memo.get(_STREAMS, {}).get(ctx.node)
   if key is None:
     return None
-  from jaxport.convert.interpreter import VariableRef
   ref = VariableRef(key)
   seed = np.uint64(_seeds(ctx.node)[0] & 0xFFFFFFFFFFFFFFFF)
   with ph.wide():
@@ -175,7 +175,7 @@ def random_uniform_int(ctx, shape, minval, maxval):
 @register("RandomShuffle", needs_rng=True, seeded_stream=True)
 def random_shuffle(ctx, value):
   value = jnp.asarray(value)
-  if value.ndim == 0 or value.shape[0] <= 1 or value.size <= 1:
+  if stateless_samplers.shuffles_nothing(value):
     return value   # TF's kernel returns its input and reserves nothing
   # TF's Fisher-Yates reads one 32-bit word per step: size - 1 words, in blocks of four
   out = _stream_draw(ctx, -(-(value.shape[0] - 1) // 4), lambda words: stateless_samplers.shuffle(words, value))

@@ -544,9 +544,14 @@ def _permutation(size: int, key, counter):
 @register("StatelessShuffle")
 def stateless_shuffle(ctx, value, key, counter, alg):
   value = jnp.asarray(value)
-  if value.ndim == 0 or value.shape[0] <= 1 or value.size <= 1:
+  if shuffles_nothing(value):
     return value
   return shuffle(v2_words(key, counter, alg), value)
+
+
+def shuffles_nothing(value) -> bool:
+  """Whether TF's shuffle kernels return `value` as is (a scalar, or at most one row or element)."""
+  return value.ndim == 0 or value.shape[0] <= 1 or value.size <= 1
 
 
 def shuffle(words, value):
