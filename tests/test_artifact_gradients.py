@@ -281,3 +281,23 @@ def test_loaded_conv_computes_values_base_dilated_under_plain_jit(tmp_path):
   (got,) = jax.tree.leaves(jax.jit(jax.grad(lambda p: (loaded(p, x)[0] ** 2).sum()))(loaded_params))
   want = tape.gradient(value, w)
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+def test_loaded_max_pool_routes_tied_gradients_as_tf(tmp_path):
+  # Pools compute values from strided slices, whose max would split a tied gradient; the mark keeps the
+  # converter's rule (reduce_window's derivative) in the artifact.
+  x = (np.round(np.random.RandomState(0).normal(size=(2, 8, 8, 4)) * 2) / 2).astype(np.float32)
+  fn = tf.function(lambda x: tf.nn.max_pool2d(x, 3, 2, "SAME") + tf.nn.avg_pool2d(x, 3, 1, "SAME")[:, ::2, ::2])
+  jax_fn, params = jaxport.convert(fn, x)
+  jaxport.export(jax_fn, params, x, path=tmp_path / "pool", platforms=("cpu",))
+  loaded, loaded_params = jaxport.load(tmp_path / "pool")
+  assert f"{export_marks.PREFIX}pool_by_taps" in loaded.exported.mlir_module()
+  weights = np.arange(2 * 4 * 4 * 4, dtype=np.float32).reshape(2, 4, 4, 4)
+  x_tf = tf.constant(x)
+  with tf.GradientTape() as tape:
+    tape.watch(x_tf)
+    value = tf.reduce_sum(fn(x_tf) * weights)
+  want = tape.gradient(value, x_tf)
+  got = jax.jit(jax.grad(lambda x: (loaded(loaded_params, x)[0] * weights).sum()))(x)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(jax.jit(loaded)(loaded_params, x)[0], fn(x), rtol=1e-6, atol=1e-6)

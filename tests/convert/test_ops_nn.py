@@ -247,6 +247,38 @@ def test_avg_pool_same_divides_by_valid_count(size, kernel, stride):
   assert_close(jax_fn(params, x)[0], RAW.AvgPool(value=x, **kw), 1e-5, 1e-5)
 
 
+@pytest.mark.parametrize("op", ["MaxPool", "AvgPool"])
+def test_pool_with_ties_matches_tf_gradient_in_every_form(op):
+  # Pool values come from the window's strided slices on CPU; derivatives stay reduce_window's: a max's
+  # gradient goes to one of tied maxima, as TF's does, under jit, grad, jvp and vmap.
+  x = np.round(normal(2, 8, 9, 3) * 2) / 2   # many ties
+  kw = dict(ksize=[1, 3, 3, 1], strides=[1, 2, 2, 1], padding="SAME")
+  arg = "input" if op == "MaxPool" else "value"
+  jax_fn = check(lambda x: getattr(RAW, op)(**{arg: x}, **kw), x)
+  hlo = jax.jit(lambda x: jax_fn({}, x)[0]).lower(x).as_text()
+  assert "reduce_window" not in hlo and "slice" in hlo
+  grad_hlo = jax.jit(jax.grad(lambda x: jax_fn({}, x)[0].sum())).lower(x).as_text()
+  assert ("select_and_scatter" if op == "MaxPool" else "reduce_window") in grad_hlo
+
+
+@hypothesis.settings(max_examples=30, deadline=None)
+@hypothesis.given(shape=st.lists(st.integers(1, 6), min_size=3, max_size=5), data=st.data(),
+                  kind=st.sampled_from(["max", "sum"]))
+def test_pool_by_taps_equals_reduce_window(shape, data, kind):
+  window = [data.draw(st.integers(1, min(3, n + 1))) for n in shape]
+  strides = [data.draw(st.integers(1, 3)) for _ in shape]
+  pads = [(data.draw(st.integers(0, k - 1)), data.draw(st.integers(0, k - 1))) for k in window]
+  hypothesis.assume(all(n + lo + hi >= k for n, k, (lo, hi) in zip(shape, window, pads)))
+  x = np.round(normal(*shape) * 2) / 2
+  plain = lambda x: nn._reduce_window(x, kind, window, strides, pads)
+  taps = lambda x: nn._pool_by_taps(x, kind=kind, window=window, strides=strides, pads=[list(p) for p in pads])
+  np.testing.assert_allclose(jax.jit(taps)(x), plain(x), rtol=1e-6, atol=1e-6)
+  dx = normal(*shape, seed=1)
+  np.testing.assert_array_equal(jax.jvp(taps, (x,), (dx,))[1], jax.jvp(plain, (x,), (dx,))[1])
+  ct = normal(*jax.eval_shape(plain, x).shape, seed=2)
+  np.testing.assert_array_equal(jax.vjp(taps, x)[1](ct)[0], jax.vjp(plain, x)[1](ct)[0])
+
+
 # --------------------------------------------------------------------------- normalisation
 
 
