@@ -314,7 +314,9 @@ def _pool_by_taps(x, *, kind, window, strides, pads):
 
 def _pool(x, kind, window, strides, pads):
   x = jnp.asarray(x)
-  if jnp.issubdtype(x.dtype, jnp.floating) and 0 < x.size <= _POOL_TAPS_MAX_INPUT and math.prod(window) > 1:
+  # A symbolic dim (a batch-polymorphic export's batch) counts as 1: judged per example.
+  size = math.prod(d if isinstance(d, (int, np.integer)) else 1 for d in x.shape)
+  if jnp.issubdtype(x.dtype, jnp.floating) and 0 < size <= _POOL_TAPS_MAX_INPUT and math.prod(window) > 1:
     return _pool_by_taps(x, kind=kind, window=list(window), strides=list(strides), pads=[list(p) for p in pads])
   return _reduce_window(x, kind, window, strides, pads)
 
